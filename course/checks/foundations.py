@@ -1,0 +1,168 @@
+"""Visible checks of module 00 (the foundations quiz).
+
+They check the FORM of an answer (a letter, a number, a tensor of the right shape) so
+that a typo is caught at once; whether the answer is right is decided by the hidden
+tests when the notebook is graded. They never reveal the answer.
+"""
+import math
+
+import torch
+
+from course.testing import fail
+
+CHOICES = ("a", "b", "c", "d")
+
+
+def _number(value, name):
+    """A real number from an int, a float or a one-element tensor; fails otherwise."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail(f"{name} should be a number (an int, a float or a one-element tensor), "
+             f"got {type(value).__name__}"
+             + (": did you put quotes around it?" if isinstance(value, str) else ""))
+    if not math.isfinite(value):
+        fail(f"{name} is {value}: a finite number is expected")
+    return float(value)
+
+
+def _tensor(value, name, shape):
+    if not isinstance(value, torch.Tensor):
+        fail(f"{name} should be a torch.Tensor, got {type(value).__name__}")
+    if tuple(value.shape) != tuple(shape):
+        fail(f"{name} has shape {list(value.shape)}, expected {list(shape)}")
+    if not value.is_floating_point():
+        fail(f"{name} has dtype {value.dtype}; use floats (e.g. torch.tensor([1.0, 2.0]))")
+    return value
+
+
+def _sums_to_one(t, dim, name, what):
+    if torch.isnan(t).any():
+        fail(f"{name} has NaN: a softmax of finite scores never does "
+             "(is a whole row blocked, or did an exp overflow?)")
+    if (t < 0).any():
+        fail(f"{name} has negative entries: softmax weights are exp(...) / sum, never negative")
+    sums = t.sum(dim=dim)
+    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
+        fail(f"{name}: {what} should sum to 1 after a softmax, but they sum to "
+             f"{[round(float(s), 4) for s in sums.flatten()]}")
+
+
+def check_choice(answer, name):
+    """A multiple-choice answer: one letter, "a" to "d"."""
+    if not isinstance(answer, str):
+        fail(f'{name} should be a string holding one letter, e.g. {name} = "a"; '
+             f"got {type(answer).__name__}")
+    if answer.strip().lower() not in CHOICES:
+        fail(f'{name} is {answer!r}: answer with one letter, "a", "b", "c" or "d"')
+    print(f"ok  {name}: one letter (whether it is right is checked when the quiz is graded)")
+
+
+def check_q01_l2_norm(value):
+    _number(value, "q01_l2_norm")
+    print("ok  q01_l2_norm: a number")
+
+
+def check_q02_dot(value):
+    _number(value, "q02_dot")
+    print("ok  q02_dot: a number")
+
+
+def check_q03_matmul(value):
+    _tensor(value, "q03_matmul", (2, 2))
+    print("ok  q03_matmul: a 2x2 float tensor")
+
+
+def check_q04_softmax(softmax_123, softmax_dim0, softmax_dim1, attention_dim):
+    _sums_to_one(_tensor(softmax_123, "q04_softmax_123", (3,)), 0, "q04_softmax_123",
+                 "the 3 entries")
+    for name, t in (("q04_softmax_dim0", softmax_dim0), ("q04_softmax_dim1", softmax_dim1)):
+        _tensor(t, name, (2, 3))
+        if torch.isnan(t).any() or (t < 0).any() or (t > 1).any():
+            fail(f"{name} should hold softmax weights, each between 0 and 1")
+    if isinstance(attention_dim, bool) or not isinstance(attention_dim, int):
+        fail(f"q04_attention_dim should be an int (a dimension index), "
+             f"got {type(attention_dim).__name__}")
+    if attention_dim not in (0, 1, -1, -2):
+        fail(f"q04_attention_dim is {attention_dim}: a 2-D tensor has dims 0 and 1 "
+             "(or -2 and -1 counted from the end)")
+    print("ok  q04: three softmax tensors of the right shapes and a dimension index")
+
+
+def check_q08_causal(mask, weights):
+    _tensor(mask, "q08_causal_mask", (4, 4))
+    if not bool(((mask == 0) | torch.isneginf(mask)).all()):
+        fail("q08_causal_mask should hold only 0 (may attend) and -inf (blocked): it is "
+             "ADDED to the scores, so -inf makes exp(score) = 0 and 0 leaves a score as is")
+    _sums_to_one(_tensor(weights, "q08_causal_weights", (4, 4)), -1, "q08_causal_weights",
+                 "the rows (one per query)")
+    print("ok  q08: an additive 4x4 mask of 0 / -inf, and 4x4 weights whose rows sum to 1")
+
+
+def check_q09_masked_softmax(fn):
+    scores = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [3.0, 0.0, -2.0, 1.0]])
+    mask = torch.tensor([[0, 1, 0, 0], [1, 1, 0, 0], [0, 0, 0, 1]])
+    try:
+        out = fn(scores.clone(), mask.clone())
+    except RuntimeError as error:
+        if "bool" in str(error).lower():
+            fail("masked_fill needs a boolean mask, and this mask holds the integers 0 and 1: "
+                 f"convert it to bool first (torch said: {error})")
+        raise
+    if out is None:
+        fail("q09_masked_softmax returned None: did you forget a `return`?")
+    _sums_to_one(_tensor(out, "q09_masked_softmax(scores, mask)", (3, 4)), -1,
+                 "q09_masked_softmax(scores, mask)", "the rows")
+    print("ok  q09_masked_softmax: runs, weights of shape [3, 4] whose rows sum to 1")
+
+
+def check_q10_fusion(value):
+    value = _number(value, "q10_fusion_bytes_saved")
+    if value <= 0:
+        fail("q10_fusion_bytes_saved should be a positive number of bytes")
+    print("ok  q10_fusion_bytes_saved: a positive number (of bytes)")
+
+
+def memory_hierarchy_figure():
+    """The GPU memory hierarchy as boxes: fast and small at the top, large and slow below.
+
+    Figures are approximate, for an H100 SXM (132 SMs).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    ax.axis("off")
+
+    def box(x, y, w, h, color, title, lines):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.05",
+                                    facecolor=color, edgecolor="black"))
+        ax.text(x + w / 2, y + h - 0.2, title, ha="center", va="top", fontsize=9,
+                fontweight="bold")
+        ax.text(x + w / 2, y + h - 0.65, "\n".join(lines), ha="center", va="top", fontsize=8)
+
+    # The chip: SMs (each with registers and SRAM), then L2 shared by all SMs.
+    ax.add_patch(FancyBboxPatch((0.2, 3.1), 9.6, 6.6, boxstyle="round,pad=0.05",
+                                facecolor="none", edgecolor="gray", linestyle="--"))
+    ax.text(9.6, 9.55, "GPU chip (die)", fontsize=9, color="gray", va="top", ha="right")
+    for i, x in enumerate((0.5, 3.6)):
+        ax.add_patch(FancyBboxPatch((x, 5.6), 2.8, 3.7, boxstyle="round,pad=0.05",
+                                    facecolor="#f4f4f4", edgecolor="black"))
+        ax.text(x + 1.4, 9.2, f"SM {i}  (compute units)", ha="center", va="top", fontsize=9)
+        box(x + 0.2, 7.35, 2.4, 1.4, "#c6e5b3", "registers", ["256 KB per SM", "fastest"])
+        box(x + 0.2, 5.8, 2.4, 1.4, "#9fd38a", "SRAM (shared mem / L1)",
+            ["~228 KB per SM", "~33 TB/s, all SMs together"])
+    ax.text(7.6, 7.4, "... 132 SMs", fontsize=11, ha="center")
+    box(0.5, 3.4, 9.0, 1.9, "#ffe29a", "L2 cache", ["~50 MB, shared by all SMs",
+                                                    "between SRAM and HBM in speed"])
+    # Off the chip: HBM stacks, reached through the memory bus.
+    box(0.5, 0.2, 9.0, 2.2, "#f6b3a8", "HBM = DRAM (global memory)",
+        ["80 GB, off the chip (stacks beside it)", "~3.35 TB/s: about 10x slower than SRAM",
+         "holds Q, K, V, O and everything between kernels"])
+    ax.annotate("", xy=(5, 2.45), xytext=(5, 3.35), arrowprops=dict(arrowstyle="<->", lw=2))
+    ax.text(5.15, 2.9, "every DRAM read/write crosses here", fontsize=8, va="center")
+    ax.set_title("GPU memory hierarchy (approximate H100 figures): small and fast at the top")
+    fig.tight_layout()
+    return fig

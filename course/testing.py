@@ -1,0 +1,252 @@
+"""Checks that explain what is wrong.
+
+Every comparison is made in float64 against a reference, with tolerances chosen per
+dtype, and a failure says where and how the result differs instead of a bare
+AssertionError. Visible checks (course/checks/) and hidden tests (grader/hidden/) both
+build on these functions.
+"""
+import contextlib
+import math
+
+import torch
+
+# (atol, rtol) against a float64 reference. On a GPU, tl.dot on fp32 uses TF32 by
+# default (10-bit mantissa, like fp16), so fp32 gets fp16's tolerance there.
+_TOLERANCES = {
+    ("cpu", torch.float32): (1e-4, 1e-4),
+    ("cuda", torch.float32): (1e-2, 1e-2),
+    ("cpu", torch.float64): (1e-10, 1e-10),
+    ("cuda", torch.float64): (1e-10, 1e-10),
+    ("cpu", torch.float16): (1e-2, 1e-2),
+    ("cuda", torch.float16): (1e-2, 1e-2),
+    ("cuda", torch.bfloat16): (2e-2, 2e-2),
+    ("cpu", torch.bfloat16): (2e-2, 2e-2),
+}
+
+
+class CheckFailed(AssertionError):
+    """A check failed; the message says what is wrong and how to look for it."""
+
+
+def fail(message: str):
+    raise CheckFailed(message)
+
+
+def tolerance(dtype: torch.dtype, device="cpu"):
+    """(atol, rtol) for results of this dtype computed on this device."""
+    kind = torch.device(device).type
+    try:
+        return _TOLERANCES[(kind, dtype)]
+    except KeyError:
+        raise ValueError(f"no tolerance defined for {dtype} on {kind}") from None
+
+
+def _where(index, dim_names):
+    if dim_names and len(dim_names) == len(index):
+        return ", ".join(f"{n}={i}" for n, i in zip(dim_names, index))
+    return "[" + ", ".join(str(i) for i in index) + "]"
+
+
+def _first_indices(mask: torch.Tensor, limit=3):
+    return [tuple(int(i) for i in idx) for idx in mask.nonzero()[:limit]]
+
+
+def _slices_that_differ(bad: torch.Tensor, dim_names):
+    """Name the leading slices (rows, or (batch, head) pairs) that hold the errors."""
+    if bad.dim() < 2:
+        return ""
+    lead = bad.flatten(start_dim=bad.dim() - 1).any(-1)  # one flag per row
+    rows = _first_indices(lead, limit=6)
+    total = int(lead.sum())
+    names = dim_names[:-1] if dim_names else None
+    shown = "; ".join(_where(r, names) for r in rows)
+    more = f" (and {total - len(rows)} more)" if total > len(rows) else ""
+    return f"\n  rows that differ: {total} of {lead.numel()}: {shown}{more}"
+
+
+def assert_close(actual, expected, *, name="output", atol=None, rtol=None,
+                 dim_names=None, mistakes=None, hint=None, quiet=False):
+    """Compare `actual` with `expected` (ideally computed in float64).
+
+    dim_names: names of the dimensions, used in the message (e.g. ("row", "col")).
+    mistakes: {description: tensor} outputs of classic bugs; if `actual` matches one,
+        the message names it.
+    hint: a sentence added to any failure message.
+    Returns the max absolute error. Prints a one-line pass message unless quiet.
+    """
+    if not isinstance(actual, torch.Tensor):
+        fail(f"{name} should be a torch.Tensor, got {type(actual).__name__}"
+             + (" (did you forget a `return`?)" if actual is None else ""))
+    expected = torch.as_tensor(expected)
+    if tuple(actual.shape) != tuple(expected.shape):
+        fail(f"{name} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    if atol is None or rtol is None:
+        d_atol, d_rtol = tolerance(actual.dtype if actual.is_floating_point() else torch.float64,
+                                   actual.device)
+        atol = d_atol if atol is None else atol
+        rtol = d_rtol if rtol is None else rtol
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    extra = f"\n  hint: {hint}" if hint else ""
+
+    nan = torch.isnan(a) & ~torch.isnan(e)
+    if nan.any():
+        idx = _first_indices(nan)
+        fail(f"{name} has NaN at {int(nan.sum())} of {a.numel()} entries, first at "
+             + ", ".join(_where(i, dim_names) for i in idx)
+             + _slices_that_differ(nan, dim_names)
+             + _mistake_text(a, mistakes, atol, rtol) + extra)
+    # Infinities must match exactly (a -inf mask entry is right, a +inf overflow is not).
+    both_inf = torch.isinf(a) & torch.isinf(e) & (a == e)
+    err = torch.where(both_inf | (torch.isnan(a) & torch.isnan(e)), torch.zeros_like(a), (a - e).abs())
+    err = torch.nan_to_num(err, nan=math.inf)
+    bad = err > atol + rtol * torch.nan_to_num(e.abs(), posinf=0.0)
+    if bad.any():
+        worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+        fail(f"{name} differs from the reference at {int(bad.sum())} of {a.numel()} entries "
+             f"(atol={atol:g}, rtol={rtol:g}).\n"
+             f"  largest error {float(err[worst]):.3g} at {_where(worst, dim_names)}: "
+             f"got {float(a[worst]):.6g}, expected {float(e[worst]):.6g}"
+             + _slices_that_differ(bad, dim_names)
+             + _mistake_text(a, mistakes, atol, rtol) + extra)
+    max_err = float(err.max()) if err.numel() else 0.0
+    if not quiet:
+        print(f"ok  {name}: {tuple(actual.shape)} {str(actual.dtype).replace('torch.', '')}, "
+              f"max error {max_err:.2g}")
+    return max_err
+
+
+def _mistake_text(a, mistakes, atol, rtol):
+    for description, wrong in (mistakes or {}).items():
+        wrong = torch.as_tensor(wrong).detach().to("cpu", torch.float64)
+        if wrong.shape == a.shape and torch.allclose(a, wrong, atol=atol, rtol=rtol, equal_nan=True):
+            return f"\n  this matches a classic mistake: {description}"
+    return ""
+
+
+def assert_not_trivial(actual, *, name="output"):
+    """A constant (or all-zero) output is never a right answer here."""
+    a = actual.detach().to("cpu", torch.float64)
+    if a.numel() > 1 and bool((a == a.flatten()[0]).all()):
+        fail(f"{name} is constant ({float(a.flatten()[0]):g} everywhere): is the function "
+             "really computing anything?")
+
+
+def assert_equal_value(actual, expected, *, name, tol=1e-6, hint=None):
+    """A scalar answer (a number or a 0-d tensor) equal to the expected one."""
+    try:
+        value = float(actual)
+    except (TypeError, ValueError):
+        fail(f"{name} should be a number, got {actual!r}")
+    if not math.isclose(value, float(expected), rel_tol=tol, abs_tol=tol):
+        fail(f"{name} is {value:g}, which is not right." + (f"\n  hint: {hint}" if hint else ""))
+    print(f"ok  {name}")
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", seed=None):
+    """Fresh random inputs (never zeros), reproducible when a seed is given."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(torch.seed() if seed is None else seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Guard buffers: the interpreter does no bounds checking (NOTES.md), so inputs are placed
+# between NaN margins (a load past the end reads NaN, which shows in the output) and
+# outputs between sentinel margins (a store past the end changes them).
+
+_SENTINEL = 12345.0
+
+
+class Guarded:
+    """A tensor living inside a larger buffer whose margins we can inspect."""
+
+    def __init__(self, shape, dtype, device, fill, margin=None):
+        numel = math.prod(shape)
+        self.margin = margin if margin is not None else max(4096, numel)
+        self.fill = fill
+        self.buffer = torch.full((numel + 2 * self.margin,), fill, dtype=dtype, device=device)
+        self.tensor = self.buffer[self.margin:self.margin + numel].view(shape)
+
+    def margins_touched(self):
+        """Number of margin elements (before, after) that no longer hold the fill value."""
+        m = self.margin
+        def changed(part):
+            return int((~torch.isnan(part)).sum()) if math.isnan(self.fill) else int((part != self.fill).sum())
+        return changed(self.buffer[:m]), changed(self.buffer[m + self.tensor.numel():])
+
+
+def guarded_input(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of x with NaN just before and after it in memory."""
+    g = Guarded(tuple(x.shape), x.dtype, x.device, float("nan"))
+    g.tensor.copy_(x)
+    return g.tensor
+
+
+@contextlib.contextmanager
+def guarded_output(shape, dtype, device, name="output"):
+    """Yield an output tensor framed by sentinels; on exit, fail if a store went past it."""
+    g = Guarded(tuple(shape), dtype, device, _SENTINEL)
+    g.tensor.fill_(float("nan"))  # entries the kernel never writes stay NaN
+    yield g.tensor
+    before, after = g.margins_touched()
+    if before or after:
+        fail(f"your kernel wrote outside {name}: {before} element(s) before it and {after} "
+             "after it in memory. Are the stores masked (mask=offsets < n)? On a GPU this "
+             "corrupts other tensors or crashes.")
+
+
+def explain_nan_from_guards(actual, *, name="output"):
+    """Inputs were guarded: NaN in the output means a load read past an input."""
+    if torch.isnan(actual).any():
+        fail(f"{name} has NaN. The inputs were surrounded by NaN in memory, so your kernel "
+             "read past the end of an input: is every tl.load masked (mask=offsets < n)?")
+
+
+# ---------------------------------------------------------------------------------------
+# Proof that a Triton kernel ran, and that PyTorch did not do the work instead.
+
+@contextlib.contextmanager
+def count_launches(kernel):
+    """Count launches of a @triton.jit kernel inside the block: `with count_launches(k) as n:`."""
+    if not hasattr(kernel, "run"):
+        fail(f"{getattr(kernel, '__name__', kernel)!r} is not a @triton.jit kernel")
+    counter = [0]
+    original = kernel.run
+
+    def counting_run(*args, **kwargs):
+        counter[0] += 1
+        return original(*args, **kwargs)
+
+    kernel.run = counting_run
+    try:
+        yield counter
+    finally:
+        del kernel.run  # back to the class's method
+
+
+@contextlib.contextmanager
+def forbid_torch(*names):
+    """Make PyTorch functions raise inside the block (e.g. "softmax", "matmul")."""
+    import torch.nn.functional as F
+    places = {"softmax": [(torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
+                          (torch, "log_softmax"), (F, "log_softmax")],
+              "attention": [(F, "scaled_dot_product_attention")],
+              "matmul": [(torch, "matmul"), (torch, "bmm"), (torch, "mm"), (torch, "einsum"),
+                         (torch.Tensor, "__matmul__"), (torch.Tensor, "matmul"),
+                         (torch.Tensor, "bmm"), (torch.Tensor, "mm")]}
+    saved = []
+    for name in names:
+        for owner, attr in places[name]:
+            original = getattr(owner, attr)
+            saved.append((owner, attr, original))
+
+            def refuse(*args, _attr=attr, **kwargs):
+                fail(f"this exercise must compute with your Triton kernel, but it called "
+                     f"torch's {_attr}")
+            setattr(owner, attr, refuse)
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)

@@ -1,0 +1,55 @@
+"""Instructor commands: python -m grader {build,autograde,feedback,export,bench} ...
+
+Run `python -m grader COMMAND --help` for each command's options.
+"""
+import argparse
+import sys
+
+from grader import paths
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build", help="build student notebooks (modules/) and nbgrader sources")
+    p.add_argument("lessons", nargs="*", help="lesson names (default: all)")
+
+    p = sub.add_parser("autograde", help="autograde one notebook or a folder of submissions")
+    p.add_argument("lesson", help="e.g. 01_softmax")
+    p.add_argument("path", help="a .ipynb (one student) or a folder: one sub-folder or .ipynb per student")
+    p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 120)")
+    p.add_argument("--json", default=None, help="also write the results here")
+
+    p = sub.add_parser("feedback", help="HTML feedback without hidden tests")
+    p.add_argument("lesson")
+    p.add_argument("--student", default=None, help="one student id (default: all)")
+
+    p = sub.add_parser("export", help="export all grades to CSV")
+    p.add_argument("--to", default=str(paths.COURSE / "grades.csv"))
+
+    p = sub.add_parser("bench", help="GPU benchmark of the reference kernels against PyTorch SDPA")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to solutions.bench")
+
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        from grader.build import build
+        build(args.lessons or None)
+    elif args.command == "autograde":
+        from grader.autograde import autograde, print_table
+        results = autograde(args.lesson, args.path, timeout=args.timeout, json_path=args.json)
+        print_table(results)
+    elif args.command == "feedback":
+        from grader.autograde import feedback
+        feedback(args.lesson, args.student)
+    elif args.command == "export":
+        from grader.autograde import export
+        export(args.to)
+    elif args.command == "bench":
+        from solutions import bench
+        bench.main(args.args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

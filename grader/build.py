@@ -1,0 +1,124 @@
+"""Lesson source (jupytext) -> instructor notebook -> student release.
+
+See ARCHITECTURE.md. The only inputs are grader/lessons/NN_topic.py and solutions/.
+"""
+import ast
+import json
+import re
+import shutil
+
+import jupytext
+import nbformat
+
+from grader import paths
+
+_DIRECTIVE = re.compile(r"^(\s*)# solution: (\w+)\.(\w+)\s*$")
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+
+def _solution_code(topic: str, name: str) -> str:
+    """`name` from solutions/topic.py, its body wrapped in solution markers."""
+    path = paths.SOLUTIONS / f"{topic}.py"
+    source = path.read_text()
+    lines = source.splitlines()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+            first = node.body[0]
+            has_doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                and isinstance(first.value.value, str)
+            if has_doc and len(node.body) == 1:
+                raise ValueError(f"{topic}.{name} has a docstring and no body")
+            body_start = (first.end_lineno if has_doc else first.lineno - 1)
+            indent = re.match(r"\s*", lines[node.body[1 if has_doc else 0].lineno - 1]).group(0)
+            return "\n".join(lines[start:body_start] + [indent + BEGIN]
+                             + lines[body_start:node.end_lineno] + [indent + END])
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return "\n".join([BEGIN] + lines[node.lineno - 1:node.end_lineno] + [END])
+    raise ValueError(f"solutions/{topic}.py defines no function or variable {name!r}")
+
+
+def _fill(cell_source: str) -> str:
+    out = []
+    for line in cell_source.split("\n"):
+        match = _DIRECTIVE.match(line)
+        if match:
+            indent, topic, name = match.groups()
+            out.append("\n".join(indent + l if l else l
+                                 for l in _solution_code(topic, name).split("\n")))
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def source_notebook(name: str) -> nbformat.NotebookNode:
+    """The instructor's notebook: lesson cells with solutions filled in from solutions/."""
+    nb = jupytext.read(paths.lesson_path(name), fmt="py:percent")
+    for index, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution"):
+            cell.source = _fill(cell.source)
+        elif "# solution:" in cell.source:
+            raise ValueError(f"{name}: cell {index} names a solution but is not a solution cell")
+        # Deterministic ids, so that a rebuild gives the same bytes.
+        cell.id = f"{index:03d}-{meta.get('grade_id', cell.cell_type)}"[:64]
+    nb.metadata.pop("jupytext", None)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                 "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.validate(nb)
+    return nb
+
+
+def _strip_between(text: str, begin: str, end: str, keep_inside: bool) -> str:
+    out, inside = [], False
+    for line in text.split("\n"):
+        if begin in line:
+            inside = True
+        elif end in line:
+            inside = False
+        elif keep_inside or not inside:
+            out.append(line)
+    return "\n".join(out)
+
+
+def solution_notebook(name: str) -> nbformat.NotebookNode:
+    """What a learner who solved everything would submit: solutions in, markers and
+    hidden tests out (nbgrader puts the hidden tests back at autograde)."""
+    nb = source_notebook(name)
+    for cell in nb.cells:
+        cell.source = _strip_between(cell.source, BEGIN, END, keep_inside=True)
+        cell.source = _strip_between(cell.source, "### BEGIN HIDDEN TESTS",
+                                     "### END HIDDEN TESTS", keep_inside=False)
+    return nb
+
+
+def write_notebook(nb, path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def build(names=None, modules_dir=None):
+    """Write the nbgrader sources, generate the releases, copy them to modules/."""
+    from grader.nbgrader_setup import api as make_api
+
+    names = names or paths.lesson_names()
+    modules_dir = modules_dir or paths.MODULES
+    api = make_api()
+    for name in names:
+        write_notebook(source_notebook(name), paths.COURSE / "source" / name / f"{name}.ipynb")
+        result = api.generate_assignment(name, force=True, create=True)
+        if not result["success"]:
+            raise SystemExit(f"nbgrader generate_assignment {name} failed:\n{result.get('error') or result.get('log')}")
+        release = nbformat.read(paths.COURSE / "release" / name / f"{name}.ipynb", as_version=4)
+        target = modules_dir / name / f"{name}.ipynb"
+        write_notebook(release, target)
+        print(f"built {target.relative_to(modules_dir.parent) if modules_dir.parent in target.parents else target}")
+    return names
+
+
+def clean_course_dir():
+    """Forget every build and submission (the gradebook included)."""
+    shutil.rmtree(paths.COURSE, ignore_errors=True)

@@ -1,0 +1,17 @@
+"""Feedback preprocessing: learners see what failed and why, never hidden code."""
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+
+class ShortTracebacks(NbGraderPreprocessor):
+    """Cut every traceback to its last line, `ExceptionName: message`.
+
+    Tracebacks of hidden tests quote the lines of grader/hidden/*.py they ran through;
+    the message our checks raise already names the problem. (A custom preprocessor must
+    subclass NbGraderPreprocessor, or nbgrader silently skips it: NOTES.md.)
+    """
+
+    def preprocess_cell(self, cell, resources, index):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                output["traceback"] = [f"{output['ename']}: {output['evalue']}"]
+        return cell, resources

@@ -1,0 +1,266 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 Softmax: from the formula to a Triton kernel
+#
+# Attention is `softmax(Q Kᵀ / √d) V`. Before any attention kernel, we need a softmax that
+# is **correct** for any input, that can be computed **one block at a time** (the trick
+# FlashAttention is built on), and that runs as a **GPU kernel**.
+#
+# In this notebook you will write:
+# 1. `softmax_naive`: the formula, and see it break;
+# 2. `softmax_stable`: the version every library uses;
+# 3. `online_softmax`: one pass over blocks with a running max and sum (and find a bug);
+# 4. `softmax_kernel` + `softmax`: a Triton kernel, one program per row.
+#
+# Run the cells in order. Each exercise is followed by a check: it prints `ok` lines when
+# your code is right and says what is wrong when it is not. When you submit, hidden tests
+# run the same checks on inputs you have not seen.
+
+# %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import course  # first: picks the GPU, or Triton's interpreter on a CPU, before triton loads
+
+import matplotlib.pyplot as plt
+import torch
+import triton
+import triton.language as tl
+
+from course import plots
+from course.checks import softmax as checks
+
+print(course.describe())
+
+# %% [markdown]
+# ## 1. The formula
+#
+# $$\mathrm{softmax}(x)_i = \frac{e^{x_i}}{\sum_j e^{x_j}}$$
+#
+# It turns any vector of scores into probabilities: positive, summing to 1, the largest
+# score getting the largest weight. On a tensor, `dim` says **along which axis** the
+# entries must sum to 1: for a 2x3 tensor, `dim=1` normalizes each row (3 entries),
+# `dim=0` each column (2 entries). Attention uses the last dim: each query's weights over
+# the keys sum to 1.
+#
+# Write `softmax_naive` straight from the formula (no `torch.softmax`).
+
+# %% nbgrader={"grade": false, "grade_id": "softmax_naive", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: softmax.softmax_naive
+
+# %% nbgrader={"grade": true, "grade_id": "test_softmax_naive", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+checks.check_softmax_naive(softmax_naive)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("softmax").test_softmax_naive(softmax_naive)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Now feed it scores that are merely large. `exp(1000)` does not fit in a float32
+# (the largest is about 3.4e38 ≈ e^88.7), so it becomes `inf`, and `inf / inf` is `NaN`:
+
+# %% nbgrader={"grade": false, "grade_id": "demo_overflow", "locked": true, "schema_version": 3, "solution": false, "task": false}
+big = torch.tensor([1000.0, 1001.0, 1002.0])
+print("exp(big)           =", torch.exp(big))
+print("softmax_naive(big) =", softmax_naive(big))
+print("torch.softmax(big) =", torch.softmax(big, dim=-1))
+
+# %% [markdown]
+# ## 2. Subtract the max
+#
+# For any constant c, $e^{x_i - c} / \sum_j e^{x_j - c} = e^{x_i} / \sum_j e^{x_j}$: the
+# $e^{-c}$ cancels. Choose $c = \max_j x_j$. Then every exponent is ≤ 0, every `exp` lies
+# in (0, 1], and the largest is exactly 1, so the sum is at least 1: no overflow, no
+# division by zero. Take the max **along `dim`** (with `keepdim=True`, so it broadcasts).
+
+# %% nbgrader={"grade": false, "grade_id": "softmax_stable", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: softmax.softmax_stable
+
+# %% nbgrader={"grade": true, "grade_id": "test_softmax_stable", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+checks.check_softmax_stable(softmax_stable)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("softmax").test_softmax_stable(softmax_stable)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Scores and the probabilities they give. Notice that shifting every score by the same
+# amount changes nothing: only differences between scores matter.
+
+# %% nbgrader={"grade": false, "grade_id": "plot_probabilities", "locked": true, "schema_version": 3, "solution": false, "task": false}
+scores = torch.tensor([2.0, 1.0, 0.1, 3.0, -1.0, 2.5])
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+plots.bars({f"x{i}": v for i, v in enumerate(scores)}, title="scores x", ax=ax1)
+plots.bars({f"x{i}": v for i, v in enumerate(softmax_stable(scores))},
+           title="softmax(x): positive, sums to 1", ax=ax2)
+plt.show()
+
+# %% [markdown]
+# ## 3. Online softmax: one pass over blocks
+#
+# On a GPU a row of attention scores can be far longer than fast on-chip memory (SRAM).
+# FlashAttention never holds the whole row: it walks over it **block by block** and keeps
+# two numbers per row:
+#
+# - `m`, the running max of the scores seen so far;
+# - `l`, the running sum of `exp(x - m)` over the scores seen so far.
+#
+# When a new block arrives, its max may be larger than `m`. The old sum was computed
+# against the old max, so it must be **rescaled**: $e^{x - m_{old}} = e^{x - m_{new}} \cdot
+# e^{m_{new} - m_{old}}$, i.e. multiply the old `l` by $\alpha = e^{m_{old} - m_{new}}$:
+#
+# ```
+# m_new = max(m, max(block))
+# l     = l * exp(m - m_new) + sum(exp(block - m_new))
+# m     = m_new
+# ```
+#
+# At the end `softmax(x) = exp(x - m) / l`.
+#
+# ### Find the bug
+# The module outline wrote this update in another order. Read it and run it:
+
+# %% nbgrader={"grade": false, "grade_id": "buggy_online", "locked": true, "schema_version": 3, "solution": false, "task": false}
+def online_softmax_buggy(x, block_size):
+    m, l = torch.tensor(float("-inf")), torch.tensor(0.0)
+    for start in range(0, x.numel(), block_size):
+        block = x[start:start + block_size]
+        m = torch.maximum(m, block.max())             # the max is updated first...
+        l = l * torch.exp(m - m) + torch.exp(block - m).sum()   # ...then "rescaled"
+    return torch.exp(x - m) / l
+
+
+x_demo = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+print("buggy :", online_softmax_buggy(x_demo, 2))
+print("right :", torch.softmax(x_demo, dim=-1))
+
+# %% [markdown]
+# Why is it wrong? Set `rescale_bug_answer` to one letter:
+#
+# - **a**: `torch.maximum` compares the wrong tensors.
+# - **b**: once `m` has been replaced, the rescale factor `exp(m_old - m_new)` is computed as
+#   `exp(m - m)`, which is always 1, so the sum of earlier blocks stays measured against an
+#   old, smaller max and is too small.
+# - **c**: the final division should use the sum of the last block only.
+# - **d**: nothing is wrong; the difference is rounding error.
+
+# %% nbgrader={"grade": false, "grade_id": "rescale_bug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# Write your answer as: rescale_bug_answer = "x"  (one letter)
+# solution: softmax.rescale_bug_answer
+
+# %% nbgrader={"grade": true, "grade_id": "test_rescale_bug", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+checks.check_choice(rescale_bug_answer, name="rescale_bug_answer")
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("softmax").test_rescale_bug(rescale_bug_answer)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Now write the fixed `online_softmax`. It must touch each element of `x` once to build
+# `m` and `l` (one pass over the blocks), then produce the probabilities. If `history` is
+# a list, append `(m, l)` after each block: the plot below uses it.
+
+# %% nbgrader={"grade": false, "grade_id": "online_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: softmax.online_softmax
+
+# %% nbgrader={"grade": true, "grade_id": "test_online_softmax", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+checks.check_online_softmax(online_softmax)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("softmax").test_online_softmax(online_softmax)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The running statistics over the blocks of one row: the max only grows, and each time it
+# jumps, the sum drops, because everything seen so far is re-measured against a larger max.
+
+# %% nbgrader={"grade": false, "grade_id": "plot_running", "locked": true, "schema_version": 3, "solution": false, "task": false}
+row = torch.tensor([0.5, 1.0, 0.2, 3.0, 2.5, 0.1, 6.0, 1.0, 5.5, 2.0, 7.0, 0.3])
+history = []
+online_softmax(row, 3, history=history)
+blocks = torch.arange(1, len(history) + 1)
+fig, axes = plt.subplots(1, 3, figsize=(14, 3.2))
+plots.bars({str(i): v for i, v in enumerate(row)}, title="the row (blocks of 3)", ax=axes[0])
+plots.lines(blocks, {"running max m": [h[0] for h in history]}, title="m after each block",
+            xlabel="block", ax=axes[1])
+plots.lines(blocks, {"running sum l": [h[1] for h in history]}, title="l after each block",
+            xlabel="block", ax=axes[2])
+plt.show()
+
+# %% [markdown]
+# ## 4. A Triton kernel: one program per row
+#
+# A Triton kernel is a Python function compiled for the GPU (or, here on a CPU, run by
+# Triton's interpreter). It is launched on a **grid** of programs; each program learns
+# which one it is from `tl.program_id(0)` and works on a **block** of elements at once.
+#
+# For a row softmax: one program per row, each loading the whole row as one block of
+# `BLOCK_SIZE` lanes. `BLOCK_SIZE` must be a power of two (a `tl.arange` rule), so it is
+# usually larger than the row: the extra lanes must be **masked**:
+#
+# - `tl.load(ptr + cols, mask=cols < n_cols, other=-float("inf"))`: lanes past the end
+#   are not read, and they get `-inf`, which never wins the max and adds `exp(-inf) = 0`
+#   to the sum. (With `other=0` they would add `exp(0 - max)` each: wrong.)
+# - `tl.store(..., mask=cols < n_cols)`: never write past the row.
+#
+# Memory is addressed with pointers: row `r` starts at `in_ptr + r * in_row_stride`.
+# Compute the statistics in float32 even for float16 inputs, and store in the output's
+# dtype (`out_ptr.dtype.element_ty`).
+#
+# The checks surround your tensors with NaN and sentinel values in memory, so a missing
+# mask shows up as a clear message instead of silent garbage (the interpreter does no
+# bounds checking).
+
+# %% nbgrader={"grade": false, "grade_id": "softmax_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: softmax.softmax_kernel
+
+# %% nbgrader={"grade": true, "grade_id": "test_softmax_kernel", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+checks.check_softmax_kernel(softmax_kernel)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("softmax").test_softmax_kernel(softmax_kernel)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The wrapper allocates the output, picks `BLOCK_SIZE = triton.next_power_of_2(n_cols)`
+# and launches one program per row: `softmax_kernel[(n_rows,)](...)`. It must work for
+# any number of columns, from 1 to thousands, and for float16 as well as float32.
+
+# %% nbgrader={"grade": false, "grade_id": "softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: softmax.softmax
+
+# %% nbgrader={"grade": true, "grade_id": "test_softmax", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+checks.check_softmax(softmax, softmax_kernel)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("softmax").test_softmax(softmax, softmax_kernel)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. Will it compile on a GPU?
+#
+# The interpreter is forgiving: it runs some code that a GPU compiler rejects. This cell
+# compiles your kernel for an H100 (sm_90) without running it, so you learn about such
+# errors now, not when you first meet a GPU. (It takes a few seconds.)
+
+# %% nbgrader={"grade": false, "grade_id": "compile_check", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from course.gpu_compile import compile_for_gpu
+
+compile_for_gpu(softmax_kernel,
+                {"out_ptr": "*fp32", "in_ptr": "*fp32", "in_row_stride": "i32",
+                 "out_row_stride": "i32", "n_cols": "i32", "BLOCK_SIZE": "constexpr"},
+                {"BLOCK_SIZE": 1024})
+
+# %% [markdown]
+# ## What you built
+# - `softmax_stable` is what every library computes; the max subtraction costs nothing and
+#   removes overflow.
+# - `online_softmax` needs only `(m, l)` per row to process a row block by block, as long
+#   as the sum is rescaled **before** the max is replaced. Module 05 uses exactly this to
+#   compute attention without ever storing the N×N score matrix.
+# - `softmax_kernel` shows the Triton pattern used everywhere in this course: program id →
+#   offsets → masked load → compute in fp32 → masked store.

@@ -1,0 +1,445 @@
+"""Module 08: the FlashAttention backward pass (training kernels).
+
+Read it in this order:
+1. `attention_backward_reference`: the gradients of attention in plain PyTorch, the
+   formulas every kernel below implements.
+2. `bwd_preprocess_kernel`: delta = rowsum(dO * O), one fp32 number per query row.
+3. `bwd_dkdv_kernel`: one program per KV block; it keeps its K and V tiles on chip and
+   walks over the query blocks (of every query head of its GQA group), accumulating dK
+   and dV. With FUSED_DQ it also adds each block's share of dQ into an fp32 buffer with
+   atomics, so no second kernel has to recompute P.
+4. `bwd_dq_kernel`: the unfused alternative: one program per query block walks the KV
+   blocks and owns its dQ rows outright (no atomics, but P and dP are recomputed).
+5. `FlashAttentionFunction` and `flash_attention`: the autograd glue around the tuned
+   forward of `solutions/flash_tuned.py`.
+
+Notation (per batch and head, scale = sm_scale): S = scale * Q K^T,
+P = softmax(S) = exp(S - lse), O = P V. Given dO:
+    dV = P^T dO
+    dP = dO V^T
+    dS = P * (dP - delta),   delta_i = sum_j P_ij dP_ij = rowsum(dO * O)_i
+    dQ = scale * dS K
+    dK = scale * dS^T Q
+The kernels compute P as exp2(scale * log2(e) * Q K^T - log2(e) * lse): one multiply
+folds the scale into the base-2 exponent.
+"""
+import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from solutions import flash_tuned
+from solutions.flash_forward import LOG2E, check_attention_inputs, default_scale, dot_precision
+
+LOG2E_C = tl.constexpr(LOG2E)  # the same constant, usable inside kernels
+
+
+# ---------------------------------------------------------------------------------------
+# The lesson's derivation, in PyTorch.
+
+def attention_backward_reference(q, k, v, o, do, lse, causal=False, sm_scale=None):
+    """Gradients (dq, dk, dv) of attention, from the forward's o and lse, in float64.
+
+    No autograd: P is rebuilt from lse exactly as the kernels do, then the chain rule
+    is applied by hand (formulas in the module docstring). GQA: the dK/dV of the query
+    heads that share one K/V head are summed into it.
+    """
+    B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+    scale = default_scale(sm_scale, D)
+    group = H // Hkv
+    q64, do64, o64 = q.double(), do.double(), o.double()
+    k64 = k.double().repeat_interleave(group, dim=1)
+    v64 = v.double().repeat_interleave(group, dim=1)
+    s = scale * q64 @ k64.transpose(-1, -2)
+    if causal:
+        future = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(future, float("-inf"))
+    p = torch.exp(s - lse.double()[..., None])           # softmax, without re-normalising
+    dv = p.transpose(-1, -2) @ do64
+    dp = do64 @ v64.transpose(-1, -2)
+    delta = (do64 * o64).sum(-1, keepdim=True)            # = rowsum(P * dP)
+    ds = p * (dp - delta)                                  # softmax's Jacobian, row by row
+    dq = scale * ds @ k64                                  # d(scale * Q K^T)/dQ
+    dk = scale * ds.transpose(-1, -2) @ q64                # the scale again, on dK too
+    dk = dk.view(B, Hkv, group, Nk, D).sum(2)
+    dv = dv.view(B, Hkv, group, Nk, D).sum(2)
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------
+# Triton kernels. Every tensor is reached through its strides (any layout, no copies);
+# lse and delta are contiguous [B, H, Nq] fp32.
+
+@triton.jit
+def bwd_preprocess_kernel(
+    O, DO, DELTA,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    H, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)  # int64: batch offsets of large tensors pass 2**31
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + b * stride_ob + h * stride_oh
+                + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh
+                 + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
+    # delta_i = sum_j P_ij dP_ij = dO_i . O_i: one dot per row instead of an N-long sum.
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + pid_bh * N_Q + offs_m, delta, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _load_rows(base, offs_rows, stride_rows, offs_d, stride_d, n_rows,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """A [rows, BLOCK_D] tile, zero outside the tensor. Masks only where needed."""
+    ptrs = base + offs_rows[:, None] * stride_rows + offs_d[None, :] * stride_d
+    if CHECK_ROWS:
+        mask = offs_rows[:, None] < n_rows
+        if BLOCK_D != HEAD_DIM:
+            mask = mask & (offs_d[None, :] < HEAD_DIM)
+        return tl.load(ptrs, mask=mask, other=0.0)
+    elif BLOCK_D != HEAD_DIM:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _dkdv_q_blocks(
+    dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
+    stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+    offs_n, offs_d, lo, hi, N_Q, N_K, qk_scale, sm_scale,
+    MASK: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Add the query blocks [lo, hi) of one head to this KV block's dK and dV.
+
+    Works on the transposed scores (keys along rows) so that P^T and dS^T come out of
+    the dots directly in the layout dV += P^T dO and dK += dS^T Q need.
+    MASK=False is the fast path for blocks with no causal, ragged-row or ragged-key
+    entries; the caller only sends such blocks there.
+    """
+    offs_m0 = tl.arange(0, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m0
+        q = _load_rows(Q, offs_m, stride_qn, offs_d, stride_qd, N_Q, HEAD_DIM, BLOCK_D, MASK)
+        do = _load_rows(DO, offs_m, stride_don, offs_d, stride_dod, N_Q, HEAD_DIM, BLOCK_D, MASK)
+        if MASK:
+            lse = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0)
+            delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
+        else:
+            lse = tl.load(LSE + offs_m)
+            delta = tl.load(DELTA + offs_m)
+        # P^T = exp2(scale*log2e * K Q^T - log2e * lse): the forward's probabilities.
+        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        pT = tl.math.exp2(qkT * qk_scale - (lse * LOG2E_C)[None, :])
+        if MASK:
+            keep = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
+            if CAUSAL:
+                keep = keep & (offs_m[None, :] >= offs_n[:, None])  # query i sees keys j <= i
+            pT = tl.where(keep, pT, 0.0)
+        dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        # delta is per query row: a column of the transposed tile.
+        dsT = pT * (dpT - delta[None, :])
+        dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)
+        if FUSED_DQ:
+            # Every KV block adds its part of dQ = scale * dS K: several programs write the
+            # same rows at once, so the adds must be atomic (fp32 buffer).
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * sm_scale
+            dq_ptrs = DQ + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
+            dq_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+            tl.atomic_add(dq_ptrs, dq, mask=dq_mask, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    H, H_KV, N_Q, N_K, sm_scale,
+    GROUP: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)          # over batch * K/V heads
+    b = (pid_bh // H_KV).to(tl.int64)
+    h_kv = pid_bh % H_KV
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    k = _load_rows(K + b * stride_kb + h_kv * stride_kh, offs_n, stride_kn, offs_d, stride_kd,
+                   N_K, HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(V + b * stride_vb + h_kv * stride_vh, offs_n, stride_vn, offs_d, stride_vd,
+                   N_K, HEAD_DIM, BLOCK_D, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    qk_scale = sm_scale * LOG2E_C
+
+    # Which query blocks need masks. Causal: rows i < start_n see none of these keys, so
+    # the walk starts at the query block holding row start_n (skipping the blocks above
+    # the diagonal); the blocks that cross the diagonal need the causal mask. After them
+    # come full blocks without masks, then the ragged last query block. A ragged KV block
+    # (past N_K) masks every query block.
+    n_q_ceil = tl.cdiv(N_Q, BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        diag_end = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, n_q_ceil)
+    else:
+        lo = 0
+        diag_end = 0
+    full_end = tl.where(start_n + BLOCK_N <= N_K, (N_Q // BLOCK_M) * BLOCK_M, diag_end)
+    full_end = tl.maximum(full_end, diag_end)
+
+    # GQA: this K/V head serves GROUP query heads; their contributions add up here, so
+    # dK and dV need neither atomics nor a reduction afterwards.
+    for g in range(GROUP):
+        h = h_kv * GROUP + g
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        dq_base = DQ + b * stride_dqb + h * stride_dqh
+        row = (b * H + h) * N_Q
+        dk, dv = _dkdv_q_blocks(
+            dk, dv, k, v, q_base, do_base, LSE + row, DELTA + row, dq_base,
+            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            offs_n, offs_d, lo, diag_end, N_Q, N_K, qk_scale, sm_scale,
+            True, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+        dk, dv = _dkdv_q_blocks(
+            dk, dv, k, v, q_base, do_base, LSE + row, DELTA + row, dq_base,
+            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            offs_n, offs_d, diag_end, full_end, N_Q, N_K, qk_scale, sm_scale,
+            False, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+        dk, dv = _dkdv_q_blocks(
+            dk, dv, k, v, q_base, do_base, LSE + row, DELTA + row, dq_base,
+            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            offs_n, offs_d, full_end, N_Q, N_Q, N_K, qk_scale, sm_scale,
+            True, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+
+    dk = dk * sm_scale  # dK = scale * dS^T Q: the scale of S = scale * Q K^T, once
+    mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DK + b * stride_dkb + h_kv * stride_dkh
+             + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             dk.to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + b * stride_dvb + h_kv * stride_dvh
+             + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dq_kv_blocks(
+    dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_d, lo, hi, N_K, qk_scale,
+    MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Add the KV blocks [lo, hi) to this query block's dQ (unscaled)."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k = _load_rows(K, offs_n, stride_kn, offs_d, stride_kd, N_K, HEAD_DIM, BLOCK_D, MASK)
+        v = _load_rows(V, offs_n, stride_vn, offs_d, stride_vd, N_K, HEAD_DIM, BLOCK_D, MASK)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+                         - lse2[:, None])
+        if MASK:
+            keep = offs_n[None, :] < N_K
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    H, N_Q, N_K, sm_scale,
+    GROUP: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        # Later query blocks see more keys: start them first so the short ones fill the tail.
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = pid_bh % H
+    h_kv = h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qn, offs_d, stride_qd,
+                   N_Q, HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(DO + b * stride_dob + h * stride_doh, offs_m, stride_don, offs_d, stride_dod,
+                    N_Q, HEAD_DIM, BLOCK_D, True)
+    row_ok = offs_m < N_Q
+    lse2 = tl.load(LSE + pid_bh * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E_C
+    delta = tl.load(DELTA + pid_bh * N_Q + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    qk_scale = sm_scale * LOG2E_C
+
+    # KV blocks entirely at or below every row's diagonal (and inside N_K) go unmasked;
+    # causal: the walk stops after the block holding key start_m + BLOCK_M - 1.
+    if CAUSAL:
+        hi = tl.minimum(N_K, start_m + BLOCK_M)
+        full_end = tl.minimum(((start_m + 1) // BLOCK_N) * BLOCK_N, (N_K // BLOCK_N) * BLOCK_N)
+    else:
+        hi = N_K
+        full_end = (N_K // BLOCK_N) * BLOCK_N
+    k_base = K + b * stride_kb + h_kv * stride_kh
+    v_base = V + b * stride_vb + h_kv * stride_vh
+    dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd,
+                       stride_vn, stride_vd, offs_m, offs_d, 0, full_end, N_K, qk_scale,
+                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd,
+                       stride_vn, stride_vd, offs_m, offs_d, full_end, hi, N_K, qk_scale,
+                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+
+    dq = dq * sm_scale  # dQ = scale * dS K
+    tl.store(DQ + b * stride_dqb + h * stride_dqh
+             + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+# ---------------------------------------------------------------------------------------
+# Launch configurations. The interpreter takes one small config (it cannot autotune);
+# on a GPU each kernel is autotuned among configs measured on an H100 (solutions/PERF.md).
+
+INTERPRET_CONFIG = dict(BLOCK_M=32, BLOCK_N=32)
+
+DKDV_CONFIGS = [
+    triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn), num_warps=w, num_stages=s)
+    for bm, bn, w, s in [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 2)]
+]
+DQ_CONFIGS = [
+    triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn), num_warps=w, num_stages=s)
+    for bm, bn, w, s in [(128, 32, 8, 2), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3)]
+]
+_TUNE_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP"]
+
+
+def _zero_dq(nargs):
+    nargs["DQ"].zero_()  # fused dQ accumulates: every trial (and the real run) starts at 0
+
+
+def _with_zeroing(configs):
+    return [triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages,
+                          pre_hook=_zero_dq) for c in configs]
+
+
+_dkdv_tuned = triton.autotune(DKDV_CONFIGS, key=_TUNE_KEY)(bwd_dkdv_kernel)
+# A config's pre_hook runs before every trial and before the chosen run, on every
+# Triton version, which keeps the atomically accumulated dQ right while tuning.
+_dkdv_fused_tuned = triton.autotune(_with_zeroing(DKDV_CONFIGS), key=_TUNE_KEY)(bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(DQ_CONFIGS, key=_TUNE_KEY)(bwd_dq_kernel)
+
+FUSED_DEFAULT = False
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None,
+                             fused=FUSED_DEFAULT, config=None):
+    """Gradients (dq, dk, dv) of FlashAttention, in the dtypes of q, k, v.
+
+    o, lse: the forward's outputs; do: the gradient of o (any strides).
+    fused=True computes dQ inside the dK/dV kernel with atomics (one kernel fewer, an
+    fp32 dQ buffer more); fused=False runs the separate dQ kernel.
+    config: {"dkdv": {...}, "dq": {...}} of BLOCK_M, BLOCK_N, num_warps, num_stages to
+    bypass the autotuner (for tuning sweeps); None uses the autotuner on a GPU.
+    """
+    B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+    if o.shape != q.shape or do.shape != q.shape:
+        raise ValueError(f"o {tuple(o.shape)} and do {tuple(do.shape)} must have q's shape "
+                         f"{tuple(q.shape)}")
+    if lse.shape != (B, H, Nq) or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be fp32 of shape {(B, H, Nq)}, got {lse.dtype} {tuple(lse.shape)}")
+    if not (o.device == do.device == lse.device == q.device):
+        raise ValueError("q, k, v, o, do and lse must be on one device")
+    scale = default_scale(sm_scale, D)
+    lse = lse.contiguous()
+    block_d = max(16, triton.next_power_of_2(D))
+    group = H // Hkv
+    consts = dict(GROUP=group, CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=block_d,
+                  DOT_PRECISION=dot_precision(q.dtype))
+
+    delta = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
+    pre_block = 64
+    bwd_preprocess_kernel[(triton.cdiv(Nq, pre_block), B * H)](
+        o, do, delta, *o.stride(), *do.stride(), H, Nq,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_block)
+
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    # fp32 accumulator for the atomics; the unfused kernel writes q's dtype directly.
+    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if fused else torch.empty_like(q)
+
+    def launch(kernel, tuned, which, grid, *args, **kwargs):
+        if course.INTERPRET:
+            kernel[grid(INTERPRET_CONFIG)](*args, **kwargs, **consts, **INTERPRET_CONFIG)
+        elif config is not None:
+            kernel[grid(config[which])](*args, **kwargs, **consts, **config[which])
+        else:
+            tuned[grid](*args, **kwargs, **consts)
+
+    launch(bwd_dkdv_kernel, _dkdv_fused_tuned if fused else _dkdv_tuned, "dkdv",
+           lambda c: (triton.cdiv(Nk, c["BLOCK_N"]), B * Hkv),
+           q, k, v, do, lse, delta, dk, dv, dq,
+           *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+           *dk.stride(), *dv.stride(), *dq.stride(),
+           H, Hkv, Nq, Nk, scale, FUSED_DQ=bool(fused))
+    if fused:
+        dq = dq.to(q.dtype)
+    else:
+        launch(bwd_dq_kernel, _dq_tuned, "dq",
+               lambda c: (triton.cdiv(Nq, c["BLOCK_M"]), B * H),
+               q, k, v, do, lse, delta, dq,
+               *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+               H, Nq, Nk, scale)
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Autograd glue: the tuned forward saves (o, lse); the backward kernels use them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale, fused):
+        o, lse = flash_tuned.flash_attention_forward(q, k, v, causal=causal, sm_scale=sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.sm_scale, ctx.fused = causal, sm_scale, fused
+        ctx.mark_non_differentiable(lse)  # a statistic for the backward, not an output to train
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale,
+                                              fused=ctx.fused)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention(q, k, v, causal=False, sm_scale=None, *, fused=FUSED_DEFAULT):
+    """FlashAttention with gradients: returns (o, lse), differentiable in q, k, v."""
+    return FlashAttentionFunction.apply(q, k, v, causal, sm_scale, fused)

@@ -1,0 +1,214 @@
+"""Module 05: FlashAttention forward, the teaching kernel.
+
+Read it top to bottom: the launch grid, the online-softmax algorithm in plain PyTorch
+(`flash_attention_blocked`), then the same algorithm as one Triton kernel
+(`flash_attention`). The fast, tuned version of this kernel lives in
+`solutions/flash_tuned.py`; it shares the input checks below.
+
+Shapes: q is [B, H, Nq, D]; k and v are [B, Hkv, Nk, D] with H % Hkv == 0
+(grouped-query attention: query head h reads K/V head h // (H // Hkv)).
+"""
+import math
+
+import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e))
+LN2 = tl.constexpr(0.6931471805599453)  # used inside kernels: a constexpr global
+
+
+def check_attention_inputs(q, k, v):
+    """Validate q [B, H, Nq, D], k/v [B, Hkv, Nk, D]; return (B, H, Hkv, Nq, Nk, D).
+
+    Raises TypeError for non-tensors and dtypes, ValueError for shapes and devices.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims [batch, heads, seq, head_dim], "
+                             f"got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: fp16, bf16, fp32")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, H, Nq, D = q.shape
+    Bk, Hkv, Nk, Dk = k.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if Bk != B:
+        raise ValueError(f"batch mismatch: q has {B}, k/v have {Bk}")
+    if Dk != D:
+        raise ValueError(f"head_dim mismatch: q has {D}, k/v have {Dk}")
+    if Hkv == 0 or H % Hkv != 0:
+        raise ValueError(f"q heads ({H}) must be a multiple of k/v heads ({Hkv})")
+    if min(B, H, Nq, Nk) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if not MIN_HEAD_DIM <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {D} not supported: must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
+    return B, H, Hkv, Nq, Nk, D
+
+
+def default_scale(sm_scale, head_dim):
+    """The usual 1/sqrt(D) unless the caller gives a scale."""
+    return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+
+
+def flash_grid(seq_len, batch, heads, block_q):
+    """One program per (query block, batch*head).
+
+    Each program owns BLOCK_Q query rows and loops over *all* key blocks, so the first
+    axis counts query blocks, not key blocks. batch*heads goes on axis 1, which may hold
+    2**31-1 programs (axes 1 and 2 stop at 65535 on CUDA, so a [B, H] grid breaks sooner).
+    """
+    return (triton.cdiv(seq_len, block_q), batch * heads, 1)
+
+
+def flash_attention_blocked(q, k, v, block_q, block_k, causal=False, sm_scale=None):
+    """FlashAttention's forward algorithm in plain PyTorch, block by block.
+
+    For each query block, walk the key/value blocks once, keeping per row a running max
+    m, a running sum l of exp(s - m), and an unnormalised output acc. When m grows, the
+    old l and acc were computed against a smaller max: multiply both by
+    alpha = exp(m_old - m_new) before adding the new block. Divide by l at the end.
+    """
+    B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+    scale = default_scale(sm_scale, D)
+    # GQA: each K/V head serves H // Hkv consecutive query heads.
+    k = k.float().repeat_interleave(H // Hkv, dim=1)
+    v = v.float().repeat_interleave(H // Hkv, dim=1)
+    out = torch.empty(B, H, Nq, D, dtype=torch.float32, device=q.device)
+    for qs in range(0, Nq, block_q):
+        qb = q[:, :, qs:qs + block_q].float()
+        rows = torch.arange(qs, qs + qb.shape[2], device=q.device)
+        m = torch.full(qb.shape[:3], float("-inf"), device=q.device)
+        l = torch.zeros(qb.shape[:3], device=q.device)
+        acc = torch.zeros_like(qb)
+        for ks in range(0, Nk, block_k):
+            if causal and ks > rows[-1]:
+                break  # every later key is in the future of every row of this block
+            s = qb @ k[:, :, ks:ks + block_k].transpose(-1, -2) * scale
+            if causal:
+                cols = torch.arange(ks, ks + s.shape[-1], device=q.device)
+                s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha = torch.exp(m - m_new)  # rescale what was summed against the old max
+            p = torch.exp(s - m_new[..., None])
+            l = l * alpha + p.sum(-1)
+            acc = acc * alpha[..., None] + p @ v[:, :, ks:ks + block_k]
+            m = m_new
+        out[:, :, qs:qs + block_q] = acc / l[..., None]
+    return out.to(q.dtype)
+
+
+@triton.jit
+def flash_attention_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, N_Q, N_K, qk_scale,
+    GROUP: tl.constexpr,        # H // Hkv query heads share one K/V head
+    HEAD_DIM: tl.constexpr,     # the real D
+    BLOCK_D: tl.constexpr,      # D rounded up to a power of two (tl.arange needs one)
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_q = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    h_kv = h // GROUP
+
+    offs_q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM  # padded head-dim columns load as 0 and add nothing to dots
+
+    # Strides, not shapes, locate every element: any layout (e.g. [B, N, H, D] viewed
+    # as [B, H, N, D]) works without a copy.
+    q_ptrs = (Q + b * stride_qb + h * stride_qh
+              + offs_q[:, None] * stride_qn + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=(offs_q[:, None] < N_Q) & d_ok[None, :], other=0.0)
+    # K is read transposed ([D, BLOCK_K]) so that q @ kT is a plain tl.dot.
+    kT_base = K + b * stride_kb + h_kv * stride_kh + offs_d[:, None] * stride_kd
+    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
+
+    # Statistics and accumulator in fp32 whatever the input dtype.
+    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+
+    # Causal (top-left aligned: query i sees keys j <= i): blocks that start after this
+    # query block's last row are entirely in the future, so the loop stops before them.
+    hi = N_K
+    if CAUSAL:
+        hi = tl.minimum(N_K, (pid_q + 1) * BLOCK_Q)
+    for start_k in range(0, hi, BLOCK_K):
+        cols = start_k + offs_k
+        kT = tl.load(kT_base + cols[None, :] * stride_kn,
+                     mask=d_ok[:, None] & (cols[None, :] < N_K), other=0.0)
+        # qk_scale = sm_scale * log2(e): scores come out in base 2, ready for exp2.
+        s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
+        valid = cols[None, :] < N_K  # tail keys of the last block do not exist
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= offs_q[:, None])
+        s = tl.where(valid, s, float("-inf"))
+        # Block 0 always holds key 0, visible to every row, so m_new is finite from the
+        # first iteration on and exp2(m_i - m_new) never sees -inf - (-inf).
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * stride_vn,
+                    mask=(cols[:, None] < N_K) & d_ok[None, :], other=0.0)
+        # P goes to the tensor cores in the input dtype; the sum stays in fp32.
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    acc = acc / l_i[:, None]
+    q_ok = offs_q < N_Q
+    o_ptrs = (O + b * stride_ob + h * stride_oh
+              + offs_q[:, None] * stride_on + offs_d[None, :] * stride_od)
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=q_ok[:, None] & d_ok[None, :])
+    # log-sum-exp of the scaled scores in natural log: log(2^m * l) = (m + log2 l) * ln 2.
+    # The backward recomputes P = exp(S * scale - lse) from it.
+    tl.store(LSE + pid_bh * N_Q + offs_q, (m_i + tl.log2(l_i)) * LN2, mask=q_ok)
+
+
+def dot_precision(dtype):
+    """fp32 inputs get exact fp32 dots: Triton's default would be TF32 on a GPU."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def flash_attention(q, k, v, causal=False, sm_scale=None, *, block_q=None, block_k=None):
+    """FlashAttention forward in one Triton kernel. Returns (o, lse).
+
+    o has q's shape and dtype; lse [B, H, Nq] (fp32) is the natural-log log-sum-exp of
+    the scaled scores of each query row. block_q / block_k override the default tiles.
+    """
+    B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+    scale = default_scale(sm_scale, D)
+    gpu = q.is_cuda
+    block_q = block_q or (128 if gpu else 32)
+    block_k = block_k or (64 if gpu else 32)
+    o = torch.empty_like(q)
+    lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
+    block_d = max(16, triton.next_power_of_2(D))
+    flash_attention_kernel[flash_grid(Nq, B, H, block_q)](
+        q, k, v, o, lse,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, Nq, Nk, scale * LOG2E,
+        GROUP=H // Hkv, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_K=block_k,
+        CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=4 if block_d <= 64 else 8, num_stages=3,  # ignored by the interpreter
+    )
+    return o, lse

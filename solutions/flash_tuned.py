@@ -1,0 +1,199 @@
+"""The fast FlashAttention forward: same contract as `solutions.flash_forward.flash_attention`.
+
+What it adds to the teaching kernel, and why:
+- Tensor descriptors (TMA on Hopper): one descriptor per (batch, head) slice moves whole
+  tiles with the copy engine, and zero-fills rows past the end, so only the last key
+  block needs a mask.
+- The KV loop in two stages: blocks fully visible to every query row run with no mask
+  at all; only the diagonal blocks (causal) and the ragged tail block pay for masks.
+  Blocks above the diagonal are never visited.
+- Causal programs run heaviest first (reverse query-block order) so the GPU's last wave
+  is made of short programs.
+- triton.autotune over block sizes, warps and pipeline depth, pruned by shared memory.
+`flash_attention_forward` is what the backward's autograd Function calls.
+"""
+import os
+
+import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from solutions.flash_forward import (LN2, LOG2E, check_attention_inputs, default_scale,
+                                     dot_precision, flash_grid)
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+TMA_ALIGN = 16  # bytes: descriptor base and strides must be multiples of this
+
+
+def _configs():
+    if INTERPRET:  # autotune with more than one config cannot run on the interpreter
+        return [triton.Config({"BLOCK_Q": 64, "BLOCK_K": 32}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+            for bq, bk, w, s in [(128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3),
+                                 (128, 128, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2),
+                                 (128, 32, 8, 2)]]
+
+
+def _smem_bytes(cfg, block_d, elsize):
+    """Q tile once, plus a K and a V tile per pipeline stage."""
+    bq, bk = cfg.kwargs["BLOCK_Q"], cfg.kwargs["BLOCK_K"]
+    return (bq * block_d + 2 * max(cfg.num_stages, 1) * bk * block_d) * elsize
+
+
+def _prune(configs, named_args, **kwargs):
+    """Keep the configs that fit in shared memory and suit the shape: 128-row query
+    blocks normally; 64-row ones for short queries; for head dims over 128, where the
+    fp32 accumulator of 128 rows would spill from registers, 64 rows or 8 warps."""
+    if INTERPRET:
+        return configs
+    args = {**named_args, **kwargs}
+    block_d, n_q, q = args["BLOCK_D"], args["N_Q"], args["Q"]
+    limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
+
+    def suits(c):
+        bq, bk = c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"]
+        if n_q <= 64:
+            return bq == 64 and c.num_stages == 3
+        if block_d > 128:
+            return bq == 64 or c.num_warps == 8 and bk == 32
+        return bq == 128 and bk >= 64
+
+    fits = [c for c in configs if _smem_bytes(c, block_d, q.element_size()) <= limit]
+    return [c for c in fits if suits(c)] or fits
+
+
+@triton.jit
+def _attend(acc, l_i, m_i, q, k_desc, v_desc, rows, lo, hi, N_K, qk_scale,
+            BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+            DOT_PRECISION: tl.constexpr):
+    """Online softmax over key blocks [lo, hi). MASKED=False: every key is visible to
+    every row, so there is no mask arithmetic at all in that loop."""
+    for start in tl.range(lo, hi, BLOCK_K):
+        k = k_desc.load([start, 0])
+        s = tl.dot(q, k.T, input_precision=DOT_PRECISION)
+        if MASKED:
+            cols = start + tl.arange(0, BLOCK_K)
+            valid = cols[None, :] < N_K  # descriptor rows past N_K came back as zeros
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None])
+            s = tl.where(valid, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            s = s - m_new[:, None]
+        else:
+            # max of raw scores then one fused multiply-add per score
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            s = s * qk_scale - m_new[:, None]
+        p = tl.exp2(s)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([start, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.autotune(configs=_configs(), key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def flash_attention_fwd_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    H, N_Q, N_K, qk_scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_q = tl.program_id(0)
+    if CAUSAL:
+        pid_q = tl.num_programs(0) - 1 - pid_q  # longest rows first
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)  # int64 offsets: large tensors pass 2**31 elements
+    h = (pid_bh % H).to(tl.int64)
+    h_kv = h // GROUP
+
+    # One 2-D [seq, head_dim] view per (batch, head): any batch/head strides work, and
+    # the descriptor's shape bounds the loads (zeros past the end) and stores (clipped).
+    q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, shape=[N_Q, HEAD_DIM],
+                                       strides=[stride_qn, 1], block_shape=[BLOCK_Q, BLOCK_D])
+    k_desc = tl.make_tensor_descriptor(K + b * stride_kb + h_kv * stride_kh, shape=[N_K, HEAD_DIM],
+                                       strides=[stride_kn, 1], block_shape=[BLOCK_K, BLOCK_D])
+    v_desc = tl.make_tensor_descriptor(V + b * stride_vb + h_kv * stride_vh, shape=[N_K, HEAD_DIM],
+                                       strides=[stride_vn, 1], block_shape=[BLOCK_K, BLOCK_D])
+    o_desc = tl.make_tensor_descriptor(O + b * stride_ob + h * stride_oh, shape=[N_Q, HEAD_DIM],
+                                       strides=[stride_on, 1], block_shape=[BLOCK_Q, BLOCK_D])
+
+    q0 = pid_q * BLOCK_Q
+    rows = q0 + tl.arange(0, BLOCK_Q)
+    q = q_desc.load([q0, 0])
+    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+
+    # Stage 1, no masks: whole key blocks that every row of this query block may see.
+    # BLOCK_Q is a multiple of BLOCK_K, so q0 is a key-block boundary.
+    full_end = (N_K // BLOCK_K) * BLOCK_K
+    if CAUSAL:
+        full_end = tl.minimum(full_end, q0)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_desc, v_desc, rows, 0, full_end, N_K, qk_scale,
+                            BLOCK_K, False, CAUSAL, DOT_PRECISION)
+    # Stage 2, masked: the diagonal blocks (causal) and the ragged last block. Key 0 is
+    # always in the first block visited, so every row's max is finite from then on.
+    masked_end = N_K
+    if CAUSAL:
+        masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_desc, v_desc, rows, full_end, masked_end, N_K,
+                            qk_scale, BLOCK_K, True, CAUSAL, DOT_PRECISION)
+
+    o_desc.store([q0, 0], (acc / l_i[:, None]).to(O.dtype.element_ty))
+    tl.store(LSE + pid_bh * N_Q + rows, (m_i + tl.log2(l_i)) * LN2, mask=rows < N_Q)
+
+
+def _alloc_scratch(size, alignment, stream):
+    """Device-side descriptors are written to global scratch memory that Triton asks for."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _descriptor_ready(x):
+    es = x.element_size()
+    return (x.stride(-1) == 1 and x.data_ptr() % TMA_ALIGN == 0
+            and all(s * es % TMA_ALIGN == 0 for s in x.stride()[:-1]))
+
+
+def _descriptor_operand(x, head_dim):
+    """x itself when a descriptor can address it, else an aligned copy. Zero columns
+    added to reach head_dim change no dot product (and are cut from the output)."""
+    if _descriptor_ready(x):
+        return x
+    return F.pad(x, (0, head_dim - x.shape[-1])).contiguous()
+
+
+def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
+    """FlashAttention forward, tuned. Returns (o, lse) like `flash_attention`:
+    o in q's shape and dtype, lse [B, H, Nq] fp32 natural-log log-sum-exp of the scaled
+    scores of each query row."""
+    B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+    scale = default_scale(sm_scale, D)
+    if q.is_cuda:
+        triton.set_allocator(_alloc_scratch)
+    # Descriptor rows must be a multiple of 16 bytes: pad odd head dims (rare) once.
+    dp = triton.cdiv(D * q.element_size(), TMA_ALIGN) * TMA_ALIGN // q.element_size()
+    q, k, v = (_descriptor_operand(t, dp) for t in (q, k, v))
+    o = torch.empty(B, H, Nq, dp, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
+
+    def grid(meta):
+        return flash_grid(Nq, B, H, meta["BLOCK_Q"])
+
+    flash_attention_fwd_kernel[grid](
+        q, k, v, o, lse,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+        H, Nq, Nk, scale * LOG2E,
+        GROUP=H // Hkv, HEAD_DIM=dp, BLOCK_D=max(16, triton.next_power_of_2(dp)),
+        CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
+    )
+    return (o if dp == D else o[..., :D].contiguous()), lse

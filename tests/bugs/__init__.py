@@ -1,0 +1,15 @@
+"""Classic-bug catalogs, one file per module: each bug must lose points where it belongs."""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bug:
+    exercise: str   # grade_id of the solution cell the bug is planted in
+    find: str       # text of the reference solution, found exactly once in that cell
+    replace: str    # the buggy text
+    says: str       # a word the learner's feedback must contain
+    test: str = ""  # grade_id of the test cell that must lose points (default test_<exercise>)
+
+    @property
+    def test_cell(self):
+        return self.test or f"test_{self.exercise}"

@@ -1,0 +1,32 @@
+"""Classic bugs of module 01 (softmax)."""
+from tests.bugs import Bug
+
+BUGS = {
+    "no_max_subtraction": Bug(
+        "softmax_stable", find="z = x - x.max(dim=dim, keepdim=True).values", replace="z = x",
+        says="Subtract the max"),
+    "wrong_dim": Bug(
+        "softmax_stable", find="return e / e.sum(dim=dim, keepdim=True)",
+        replace="return e / e.sum(dim=0, keepdim=True)", says="instead of dim"),
+    "rescale_order": Bug(
+        "online_softmax",
+        find="        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum()\n        m = m_new",
+        replace="        m = m_new\n        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum()",
+        says="rescale"),
+    "load_other_zero": Bug(
+        "softmax_kernel", find='mask=mask, other=-float("inf")', replace="mask=mask, other=0.0",
+        says="other=0"),
+    "missing_load_mask": Bug(
+        "softmax_kernel", find='cols, mask=mask, other=-float("inf"))', replace="cols)",
+        says="masked"),
+    "missing_store_mask": Bug(
+        "softmax_kernel", find="y.to(out_ptr.dtype.element_ty), mask=mask)",
+        replace="y.to(out_ptr.dtype.element_ty))", says="outside"),
+    "wrapper_fixed_block": Bug(
+        "softmax", find="block = triton.next_power_of_2(n_cols)", replace="block = 1024",
+        says="differs"),
+    "wrapper_calls_torch": Bug(
+        "softmax", find="    out = torch.empty_like(x)\n",
+        replace="    return torch.softmax(x, dim=-1)\n    out = torch.empty_like(x)\n",
+        says="Triton kernel"),
+}
