@@ -196,6 +196,41 @@ def guarded_output(shape, dtype, device, name="output"):
              "corrupts other tensors or crashes.")
 
 
+@contextlib.contextmanager
+def guarded_allocations():
+    """Inside the block, float tensors made by torch.empty/empty_like/zeros/zeros_like
+    (a wrapper's output buffers) live between sentinel margins; on exit, fail if a
+    kernel stored past one of them (instead of corrupting the heap)."""
+    guards = []
+    names = ("empty", "empty_like", "zeros", "zeros_like")
+    originals = {n: getattr(torch, n) for n in names}
+
+    def guarded(original):
+        def allocate(*args, **kwargs):
+            t = original(*args, **kwargs)
+            if not t.is_floating_point() or t.numel() == 0:
+                return t
+            g = Guarded(tuple(t.shape), t.dtype, t.device, _SENTINEL)
+            g.tensor.copy_(t)
+            guards.append(g)
+            return g.tensor
+        return allocate
+
+    for n in names:
+        setattr(torch, n, guarded(originals[n]))
+    try:
+        yield
+    finally:
+        for n in names:
+            setattr(torch, n, originals[n])
+    for g in guards:
+        before, after = g.margins_touched()
+        if before or after:
+            fail(f"a kernel wrote outside a {tuple(g.tensor.shape)} tensor made with torch.empty/"
+                 f"zeros: {before} element(s) before it and {after} after it in memory. Are the "
+                 "stores masked (mask=offsets < n)? On a GPU this corrupts memory or crashes.")
+
+
 def explain_nan_from_guards(actual, *, name="output"):
     """Inputs were guarded: NaN in the output means a load read past an input."""
     if torch.isnan(actual).any():

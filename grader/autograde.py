@@ -163,4 +163,4 @@ def export(to: str):
     with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
         CsvExportPlugin(to=str(to)).export(gb)
     print(f"grades: {to}")
-    return to
+    return pathlib.Path(to)

@@ -6,7 +6,7 @@ read it by itself) and instructors who run nbgrader's own CLI inside the course 
 import os
 import sys
 
-from grader.paths import COURSE
+from grader import paths
 
 _CONFIG = '''# Written by `python -m grader`; edit grader/nbgrader_setup.py instead.
 c = get_config()
@@ -34,11 +34,11 @@ def api(timeout: int = DEFAULT_TIMEOUT):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
 
-    (COURSE / "exchange").mkdir(parents=True, exist_ok=True)
-    path = COURSE / "nbgrader_config.py"
-    path.write_text(_CONFIG.format(root=str(COURSE), exchange=str(COURSE / "exchange"),
+    (paths.COURSE / "exchange").mkdir(parents=True, exist_ok=True)
+    path = paths.COURSE / "nbgrader_config.py"
+    path.write_text(_CONFIG.format(root=str(paths.COURSE), exchange=str(paths.COURSE / "exchange"),
                                    timeout=int(timeout)))
-    config = PyFileConfigLoader(path.name, path=str(COURSE)).load_config()
+    config = PyFileConfigLoader(path.name, path=str(paths.COURSE)).load_config()
     # Kernels inherit the environment: pick the interpreter before they import triton.
     import course  # noqa: F401  (sets TRITON_INTERPRET when there is no GPU)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

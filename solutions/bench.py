@@ -60,7 +60,7 @@ def _ours(mode):
     except Exception as e:  # the backward is optional for this benchmark
         print(f"fwd+bwd of ours: n/a ({type(e).__name__}: {e})", file=sys.stderr)
         train_attention = None
-    fn = None if train_attention is None else (lambda q, k, v, c: train_attention(q, k, v, causal=c))
+    fn = None if train_attention is None else (lambda q, k, v, c: train_attention(q, k, v, causal=c)[0])
     return {"teaching": None, "tuned": fn, "naive": None}
 
 

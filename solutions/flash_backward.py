@@ -376,8 +376,11 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None,
                          f"{tuple(q.shape)}")
     if lse.shape != (B, H, Nq) or lse.dtype != torch.float32:
         raise ValueError(f"lse must be fp32 of shape {(B, H, Nq)}, got {lse.dtype} {tuple(lse.shape)}")
+    if o.dtype != q.dtype or do.dtype != q.dtype:
+        raise ValueError(f"o and do must have q's dtype {q.dtype}, got {o.dtype} and {do.dtype}")
     if not (o.device == do.device == lse.device == q.device):
-        raise ValueError("q, k, v, o, do and lse must be on one device")
+        raise ValueError(f"q, k, v, o, do and lse must be on one device, got q on {q.device}, "
+                         f"o on {o.device}, do on {do.device}, lse on {lse.device}")
     scale = default_scale(sm_scale, D)
     lse = lse.contiguous()
     block_d = max(16, triton.next_power_of_2(D))

@@ -17,8 +17,8 @@ import triton.language as tl
 def causal_mask_bool(n, device="cpu"):
     """[n, n] bool mask, True above the diagonal: query i may not see the keys j > i.
 
-    The diagonal stays visible (a token sees itself), so the strict upper triangle is
-    blocked: triu with diagonal=1.
+    The diagonal stays visible (a token sees itself): only the strict upper triangle
+    is blocked.
     """
     return torch.ones(n, n, dtype=torch.bool, device=device).triu(diagonal=1)
 

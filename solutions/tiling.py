@@ -19,19 +19,24 @@ TILE_K = 32
 # CUDA caps grid axes 1 and 2 at 65535 programs (axis 0 at 2**31 - 1).
 MAX_GRID_YZ = 65535
 
-_ELEMENT_TYPES = {torch.float16: tl.float16, torch.float32: tl.float32,
+TRITON_DTYPES = {torch.float16: tl.float16, torch.float32: tl.float32,
                   torch.bfloat16: tl.bfloat16}
 
 
-def _check_inputs(tensors: dict, rank: int):
-    """Same checks for every entry point: tensors of this rank, one supported dtype,
-    all on the device where kernels run. Raises TypeError / ValueError that say which."""
+def check_inputs(tensors: dict, rank: int):
+    """Check the inputs {name: tensor} of every wrapper below before any launch.
+
+    Each must be a non-empty torch.Tensor with `rank` dims, of a dtype in TRITON_DTYPES
+    (bfloat16 only on a GPU: the interpreter computes it wrongly), on course.DEVICE; all
+    must share one dtype. Raise TypeError (type, dtype) or ValueError (rank, device, size)
+    with a message naming the input.
+    """
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != rank:
             raise ValueError(f"{name} must have {rank} dims, got shape {tuple(t.shape)}")
-        if t.dtype not in _ELEMENT_TYPES:
+        if t.dtype not in TRITON_DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, float32, bfloat16")
         if t.dtype == torch.bfloat16 and course.INTERPRET:
             raise TypeError(f"{name} is bfloat16, which Triton's interpreter computes wrongly: "
@@ -134,7 +139,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
 
 def matmul(a, b):
     """C = A @ B for a [M, K] and b [K, N] of any sizes and strides, in a's dtype."""
-    _check_inputs({"a": a, "b": b}, rank=2)
+    check_inputs({"a": a, "b": b}, rank=2)
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"inner dims differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
     (M, K), N = a.shape, b.shape[1]
@@ -182,7 +187,7 @@ def batched_gemm_strided(a, b, b_transposed):
     One launch for all B * H products. Inputs may be non-contiguous views: every stride
     is passed to the kernel in elements. Returns a contiguous [B, H, M, N] in a's dtype.
     """
-    _check_inputs({"a": a, "b": b}, rank=4)
+    check_inputs({"a": a, "b": b}, rank=4)
     if not isinstance(b_transposed, bool):
         raise TypeError(f"b_transposed must be True or False, got {b_transposed!r}")
     B, H, M, K = a.shape
@@ -255,7 +260,7 @@ def batched_gemm_ptrs(a_list, b_list, b_transposed):
         raise TypeError("a_list and b_list must be lists of 2-D tensors")
     if len(a_list) != len(b_list) or not a_list:
         raise ValueError(f"need as many a's as b's, at least one: got {len(a_list)} and {len(b_list)}")
-    _check_inputs({f"{name}_list[{i}]": t for name, ts in (("a", a_list), ("b", b_list))
+    check_inputs({f"{name}_list[{i}]": t for name, ts in (("a", a_list), ("b", b_list))
                    for i, t in enumerate(ts)}, rank=2)
     a_list = [t.contiguous() for t in a_list]
     b_list = [t.contiguous() for t in b_list]
@@ -277,7 +282,7 @@ def batched_gemm_ptrs(a_list, b_list, b_transposed):
     sizes_by_pair = table[3:].t().contiguous()
     batched_gemm_ptrs_kernel[grid](table[0], table[1], table[2], sizes_by_pair,
                                    B_TRANSPOSED=b_transposed,
-                                   DTYPE=_ELEMENT_TYPES[a_list[0].dtype],
+                                   DTYPE=TRITON_DTYPES[a_list[0].dtype],
                                    BLOCK_M=TILE, BLOCK_N=TILE, BLOCK_K=TILE_K)
     return c_list
 

@@ -94,6 +94,11 @@ def check_q08_causal(mask, weights):
     if not bool(((mask == 0) | torch.isneginf(mask)).all()):
         fail("q08_causal_mask should hold only 0 (may attend) and -inf (blocked): it is "
              "ADDED to the scores, so -inf makes exp(score) = 0 and 0 leaves a score as is")
+    for row in range(4):
+        if bool(torch.isneginf(mask[row]).all()):
+            fail(f"row {row} of q08_causal_mask is -inf everywhere: query {row} could attend "
+                 "to nothing, and the softmax of a row of -inf is NaN (0 / 0). Which keys "
+                 "may every query see?")
     _sums_to_one(_tensor(weights, "q08_causal_weights", (4, 4)), -1, "q08_causal_weights",
                  "the rows (one per query)")
     print("ok  q08: an additive 4x4 mask of 0 / -inf, and 4x4 weights whose rows sum to 1")

@@ -1,0 +1,348 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 Tiling and batched GEMM
+#
+# Attention is two matrix products per batch entry and head: the scores `S = Q Kᵀ` and
+# the output `O = P V`. This notebook builds them from the ground up:
+#
+# 1. `tiled_matmul`: a matrix product computed block by block in PyTorch, and
+#    `dram_reads`: how many slow-memory reads the blocks save;
+# 2. `matmul_kernel` + `matmul`: the same blocks as a Triton kernel, for any sizes;
+# 3. `batched_gemm_strided`: all `batch x heads` products in **one** launch, addressed
+#    by strides, for `Q Kᵀ` and for `P V`;
+# 4. `batched_gemm_ptrs`: the same over matrices that live in separate allocations,
+#    through an array of their addresses;
+# 5. `compare_dispatch`: launches, bytes and time of each way, and when to use which.
+#
+# Run the cells in order. Each exercise is followed by a check that prints `ok` lines when
+# your code is right and says what is wrong when it is not. Hidden tests run the same
+# checks on inputs you have not seen.
+
+# %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import course  # first: picks the GPU, or Triton's interpreter on a CPU, before triton loads
+
+import matplotlib.pyplot as plt
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+from course import plots
+from course.checks import tiling as checks
+
+print(course.describe())
+
+# %% [markdown]
+# ## 1. Why tiles
+#
+# A GPU keeps its data in DRAM (HBM: large, about 3 TB/s on an H100) and computes from
+# SRAM (registers and shared memory: tiny, about ten times faster). In `C = A B`, output
+# `C[i, j]` needs row `i` of `A` and column `j` of `B`. Computed one output at a time, every
+# output reads its row and its column from DRAM again: `2 m n k` reads for `m n k`
+# multiply-adds.
+#
+# **Tiling** computes a whole `tile x tile` block of `C` at once. The block needs a strip
+# of `tile` rows of `A` and a strip of `tile` columns of `B`; each element brought into
+# SRAM is then used `tile` times instead of once.
+
+# %% [markdown]
+# The picture: to compute the highlighted block of `C`, a program reads one strip of `A`
+# and one strip of `B`, walking along `K` one tile at a time (numbers: the order of the
+# steps).
+
+# %% nbgrader={"grade": false, "grade_id": "plot_tiles", "locked": true, "schema_version": 3, "solution": false, "task": false}
+def draw_tiles(m_tiles=4, n_tiles=5, k_tiles=3, row=1, col=3):
+    """Which tiles of A [m, k] and B [k, n] one output tile C[row, col] reads, and when."""
+    a = torch.zeros(m_tiles, k_tiles)
+    b = torch.zeros(k_tiles, n_tiles)
+    c = torch.zeros(m_tiles, n_tiles)
+    a[row] = b[:, col] = 1
+    c[row, col] = 1
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2),
+                             gridspec_kw={"width_ratios": [k_tiles, n_tiles, n_tiles]})
+    for ax, grid, title in zip(axes, (a, b, c), ("A: tiles read", "B: tiles read", "C: the output tile")):
+        ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.4)
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(grid.shape[0]))
+        ax.set_title(title, fontsize=10)
+    for step in range(k_tiles):
+        axes[0].text(step, row, f"k{step}", ha="center", va="center")
+        axes[1].text(col, step, f"k{step}", ha="center", va="center")
+    axes[2].text(col, row, "acc", ha="center", va="center")
+    fig.tight_layout()
+    plt.show()
+
+
+draw_tiles()
+
+# %% [markdown]
+# Write `tiled_matmul(a, b, tile)`: for each `tile x tile` block of `C`, add up the
+# products of the blocks of `A` and `B` along `K`, in an fp32 accumulator. Sizes need not
+# be multiples of the tile: slicing past the end of a tensor just gives a smaller block.
+# Use `@` on the small blocks only (the check watches the sizes you multiply).
+
+# %% nbgrader={"grade": false, "grade_id": "tiled_matmul", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: tiling.tiled_matmul
+
+# %% nbgrader={"grade": true, "grade_id": "test_tiled_matmul", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+checks.check_tiled_matmul(tiled_matmul)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("tiling").test_tiled_matmul(tiled_matmul)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 2. Counting DRAM reads
+#
+# Count the elements read from DRAM by `tiled_matmul`'s schedule, with the model in the
+# docstring: each output block reads its strip of `A` and its strip of `B` once, and
+# nothing survives from one output block to the next. A ragged last block still reads a
+# whole strip. Compare with the untiled count.
+
+# %% nbgrader={"grade": false, "grade_id": "dram_reads", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: tiling.dram_reads
+
+# solution: tiling.dram_reads_untiled
+
+# %% nbgrader={"grade": true, "grade_id": "test_dram_reads", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+checks.check_dram_reads(dram_reads, dram_reads_untiled)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("tiling").test_dram_reads(dram_reads, dram_reads_untiled)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# For a 1024 x 1024 x 1024 product: each doubling of the tile halves the reads. The tile
+# is bounded by SRAM: a 128 x 128 block of fp16 `A`, `B` and an fp32 accumulator already
+# take about 128 KB, most of an H100 SM's shared memory.
+
+# %% nbgrader={"grade": false, "grade_id": "plot_reads", "locked": true, "schema_version": 3, "solution": false, "task": false}
+size = 1024
+reads = {"untiled": dram_reads_untiled(size, size, size)}
+reads.update({f"tile {t}": dram_reads(size, size, size, t) for t in (8, 16, 32, 64, 128)})
+plots.bars(reads, title=f"elements read from DRAM, {size}^3 matmul", ylabel="reads", logy=True)
+plt.show()
+
+# %% [markdown]
+# ## 3. A Triton matmul
+#
+# The kernel's block sizes. On a GPU, 64 x 64 output tiles keep tensor cores busy; in the
+# interpreter, 32 keeps the checks' small matrices ragged. `tl.dot` needs every block
+# side to be at least 16 on a GPU.
+
+# %% nbgrader={"grade": false, "grade_id": "constants", "locked": true, "schema_version": 3, "solution": false, "task": false}
+TILE = course.pick(32, 64)   # output tiles are TILE x TILE (BLOCK_M = BLOCK_N)
+TILE_K = 32                  # K is walked TILE_K at a time (BLOCK_K)
+MAX_GRID_YZ = 65535          # CUDA's limit on grid axes 1 and 2 (axis 0: 2**31 - 1)
+TRITON_DTYPES = {torch.float16: tl.float16, torch.float32: tl.float32,
+                 torch.bfloat16: tl.bfloat16}
+
+# %% [markdown]
+# One program per output tile: program `(i, j)` owns rows `i*BLOCK_M ...` and columns
+# `j*BLOCK_N ...` of `C`. Write it in three parts:
+#
+# - `matmul_tile`: the inner loop, shared by every kernel of this notebook. Walk `K` in
+#   steps of `BLOCK_K`; load a `[BLOCK_M, BLOCK_K]` block of `A` and a `[BLOCK_K, BLOCK_N]`
+#   block of `B` with **masks** (entries past the end read 0, which adds nothing);
+#   accumulate `tl.dot` into an **fp32** accumulator, whatever the input dtype.
+# - `store_tile`: convert to `C`'s dtype and store, masked.
+# - `matmul_kernel`: offsets from the program ids, then the two above.
+#
+# Addresses come from strides: `A[m, k]` is at `a_ptr + m * stride_am + k * stride_ak`.
+# With strides, a transposed view needs no copy.
+
+# %% nbgrader={"grade": false, "grade_id": "matmul_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: tiling.matmul_tile
+
+# solution: tiling.store_tile
+
+# solution: tiling.matmul_kernel
+
+# %% nbgrader={"grade": true, "grade_id": "test_matmul_kernel", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+checks.check_matmul_kernel(matmul_kernel)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("tiling").test_matmul_kernel(matmul_kernel)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The wrapper checks its inputs (`check_inputs` serves every wrapper below: clear errors
+# before any launch, since a kernel given a wrong shape reads and writes wherever the
+# numbers point), allocates `C` and launches one grid of `(cdiv(M, TILE), cdiv(N, TILE))`
+# programs.
+
+# %% nbgrader={"grade": false, "grade_id": "matmul", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: tiling.check_inputs
+
+# solution: tiling.matmul
+
+# %% nbgrader={"grade": true, "grade_id": "test_matmul", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+checks.check_matmul(matmul, matmul_kernel)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("tiling").test_matmul(matmul, matmul_kernel)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 4. Batched GEMM, by strides
+#
+# Attention computes, for every batch entry `b` and head `h`, `S[b, h] = Q[b, h] K[b, h]ᵀ`
+# and `O[b, h] = P[b, h] V[b, h]`: `B x H` independent small products. Launching one
+# kernel per pair costs a launch each (a few microseconds, often more than the work).
+# The design note launches **once**, on the grid `(heads, cdiv(M, TILE), batch)`:
+# program `(h, i, b)` computes row block `i` of `C[b, h]`.
+#
+# In a `[B, H, M, K]` tensor, element `[b, h, m, k]` sits at
+# `b * stride_b + h * stride_h + m * stride_m + k * stride_k` (in elements). Move the
+# pointers by the batch and head offsets, and the rest is `matmul_tile`.
+
+# %% [markdown]
+# Two design choices:
+#
+# - **`Q Kᵀ` without a transpose.** `K[b, h]` is `[N, K]`; `Kᵀ` is the same memory read
+#   with the last two strides swapped. So `b_transposed=True` only changes which stride
+#   the kernel gets as `stride_bk` and which as `stride_bn`.
+# - **Column tiles inside the program.** A grid has three axes and the design note spends
+#   them all, so each program loops over the `cdiv(N, TILE)` column tiles of its rows.
+#   (Folding them into axis 1 would give more programs, which helps when `B H cdiv(M, TILE)`
+#   is too small to fill the GPU; for attention shapes it is large.)
+#
+# Offsets in int64: `batch * stride_b` passes 2³¹ elements on real sizes.
+
+# %% nbgrader={"grade": false, "grade_id": "batched_gemm_strided", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: tiling.batched_gemm_strided_kernel
+
+# solution: tiling.batched_gemm_strided
+
+# %% nbgrader={"grade": true, "grade_id": "test_batched_gemm_strided", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+checks.check_batched_gemm_strided(batched_gemm_strided, batched_gemm_strided_kernel)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("tiling").test_batched_gemm_strided(batched_gemm_strided, batched_gemm_strided_kernel)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Strides are why no copy is needed. A projection usually gives `[B, N, H, D]`; viewed as
+# `[B, H, N, D]` it is not contiguous, and the kernel reads it where it lies:
+
+# %% nbgrader={"grade": false, "grade_id": "demo_views", "locked": true, "schema_version": 3, "solution": false, "task": false}
+q = torch.randn(2, 48, 4, 32, device=course.DEVICE).transpose(1, 2)  # [B, H, N, D] view
+k = torch.randn(2, 48, 4, 32, device=course.DEVICE).transpose(1, 2)
+print("q:", tuple(q.shape), "strides", q.stride(), "contiguous:", q.is_contiguous())
+scores = batched_gemm_strided(q, k, True)
+print("Q Kᵀ:", tuple(scores.shape), "max error",
+      float((scores.double() - q.double() @ k.double().transpose(-1, -2)).abs().max()))
+
+# %% [markdown]
+# ## 5. Batched GEMM, by pointer arrays
+#
+# Strides need every pair inside one tensor at regular distances. Sometimes each pair is
+# its **own allocation**: sequences of different lengths kept apart, a KV cache grown one
+# sequence at a time. Then the wrapper writes every matrix's address (`t.data_ptr()`) into
+# int64 tensors, and the kernel loads the address of its pair and turns it into a pointer:
+#
+# ```python
+# a_ptr = tl.load(a_ptrs + pair).to(tl.pointer_type(DTYPE))
+# ```
+#
+# Shapes may differ per pair, so `(M, N, K)` goes into a table too. The grid is
+# `(pairs, cdiv(largest M, BLOCK_M))`; programs past a shorter pair's rows do nothing.
+# Each matrix is contiguous (the wrapper makes it so), so its strides follow from its
+# sizes.
+
+# %% nbgrader={"grade": false, "grade_id": "batched_gemm_ptrs", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: tiling.batched_gemm_ptrs_kernel
+
+# solution: tiling.batched_gemm_ptrs
+
+# %% nbgrader={"grade": true, "grade_id": "test_batched_gemm_ptrs", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+checks.check_batched_gemm_ptrs(batched_gemm_ptrs, batched_gemm_ptrs_kernel)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("tiling").test_batched_gemm_ptrs(batched_gemm_ptrs, batched_gemm_ptrs_kernel)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 6. Which dispatch when
+#
+# Put numbers on the four ways to run `B x H` products: a loop of launches, one strided
+# launch, one pointer-array launch, or copying separate allocations into one tensor
+# (`torch.stack`) and then one strided launch. Count launches and DRAM bytes with the
+# model in the docstring; on a GPU, also time each way with `triton.testing.do_bench`.
+
+# %% nbgrader={"grade": false, "grade_id": "compare_dispatch", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# solution: tiling.compare_dispatch
+
+# %% nbgrader={"grade": true, "grade_id": "test_compare_dispatch", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+checks.check_compare_dispatch(compare_dispatch, TILE)
+### BEGIN HIDDEN TESTS
+from grader.hidden import load
+load("tiling").test_compare_dispatch(compare_dispatch, TILE)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Two attention shapes, 8 sequences x 16 heads, head dim 64, fp16: a **prefill**
+# (`Q Kᵀ` over 512 queries and 512 keys) and a **decode** step (1 query against 512 keys).
+# "model us" estimates an H100 from the counts: 4 µs per launch plus bytes at 3.35 TB/s.
+# On a GPU, "us" is measured.
+
+# %% nbgrader={"grade": false, "grade_id": "table_dispatch", "locked": true, "schema_version": 3, "solution": false, "task": false}
+def model_us(row, launch_us=4.0, bytes_per_us=3.35e6):
+    return row["launches"] * launch_us + row["bytes"] / bytes_per_us
+
+
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.4))
+for ax, (label, M) in zip(axes, (("prefill", 512), ("decode", 1))):
+    rows = compare_dispatch(8, 16, M, 512, 64, torch.float16)
+    print(f"{label}: M={M}, N=512, K=64, 128 pairs")
+    print(f"  {'strategy':8} {'launches':>8} {'MB':>8} {'model us':>9} {'us':>9}")
+    for r in rows:
+        measured = "-" if r["us"] is None else f"{r['us']:.1f}"
+        print(f"  {r['strategy']:8} {r['launches']:8d} {r['bytes'] / 1e6:8.2f} "
+              f"{model_us(r):9.1f} {measured:>9}")
+    timed = {r["strategy"]: (r["us"] if r["us"] is not None else model_us(r)) for r in rows}
+    kind = "model" if rows[0]["us"] is None else "measured"
+    plots.bars(timed, title=f"{label} ({kind}), microseconds", ylabel="us", ax=ax)
+plt.show()
+
+# %% [markdown]
+# ## When to use which
+#
+# - **Strided, one launch**: the default whenever the pairs live in one tensor at regular
+#   strides, contiguous or not (`[B, H, N, D]`, `[B, N, H, D]` views, `Kᵀ` by swapping
+#   strides). No extra traffic, one launch, no host work. Attention kernels do this.
+# - **Pointer array, one launch**: when the pairs are separate allocations or differ in
+#   shape (ragged sequences, per-sequence caches). It costs a small table built on the
+#   host and copied to the GPU on every call, and idle programs for the shorter pairs.
+# - **Stack, then strided**: only when the copy is paid once and reused; on every call it
+#   moves the inputs twice more.
+# - **A loop of launches**: only for a handful of large products. With many small ones
+#   (decode!), launch overhead is most of the time.
+
+# %% [markdown]
+# ## Will it compile on a GPU?
+#
+# The interpreter runs some code a GPU compiler rejects (a `tl.dot` with a side below 16,
+# an int64 turned into a pointer the wrong way). This cell compiles your three kernels for
+# an H100 (sm_90) without running them. (It takes a few seconds.)
+
+# %% nbgrader={"grade": false, "grade_id": "compile_check", "locked": true, "schema_version": 3, "solution": false, "task": false}
+checks.compile_kernels_for_gpu(matmul_kernel, batched_gemm_strided_kernel, batched_gemm_ptrs_kernel)
+
+# %% [markdown]
+# ## What you built
+# - Tiling turns `2 m n k` DRAM reads into about `m n k (1/tile_m + 1/tile_n)`: each element
+#   brought into SRAM is used a tile's worth of times.
+# - `matmul_tile` is the loop every GEMM-shaped kernel runs: masked loads, `tl.dot` into an
+#   fp32 accumulator, a masked store in the output's dtype.
+# - Batch and heads are just two more strides, and a transpose is a stride swap: one
+#   launch covers `Q Kᵀ` and `P V` for every (batch, head). Module 04 uses
+#   `batched_gemm_strided` for both products of naive attention; FlashAttention (module 05)
+#   fuses them into one kernel.

@@ -1,0 +1,50 @@
+"""Classic bugs of module 02 (masking)."""
+from tests.bugs import Bug
+
+BUGS = {
+    "causal_off_by_one": Bug(
+        "causal_mask_bool", find="triu(diagonal=1)", replace="triu(diagonal=0)", says="off by one"),
+    "additive_mask_of_ones": Bug(
+        "causal_mask", find='mask.masked_fill(causal_mask_bool(n, device=device), float("-inf"))',
+        replace="mask.masked_fill(causal_mask_bool(n, device=device), 1.0)", says="-inf"),
+    "mask_polarity_inverted": Bug(
+        "apply_mask", find="scores.masked_fill(mask.bool(),", replace="scores.masked_fill(~mask.bool(),",
+        says="polarity"),
+    "mask_multiplied": Bug(
+        "apply_mask", find='return scores.masked_fill(mask.bool(), float("-inf"))',
+        replace="return scores * (1 - mask.float())", says="multiplied"),
+    "padding_on_queries": Bug(
+        "padding_mask", find="[:, None, :]", replace="[:, :, None]", says="queries"),
+    "padding_polarity_inverted": Bug(
+        "padding_mask", find="keys[None, :] >= lengths[:, None]", replace="keys[None, :] < lengths[:, None]",
+        says="polarity"),
+    "nan_on_fully_masked_rows": Bug(
+        "safe_softmax", find="return probs.masked_fill(blocked, 0.0)",
+        replace="return torch.softmax(scores, dim=dim)", says="NaN on fully masked rows"),
+    "uniform_fully_masked_rows": Bug(
+        "safe_softmax", find="return probs.masked_fill(blocked, 0.0)", replace="return probs",
+        says="1/N"),
+    "kernel_causal_off_by_one": Bug(
+        "masked_softmax_kernel", find="cols <= i", replace="cols < i", says="off by one"),
+    "kernel_nan_on_fully_masked_rows": Bug(
+        "masked_softmax_kernel", find='row_max = tl.where(row_max == -float("inf"), 0.0, row_max)',
+        replace="", says="NaN on fully masked rows"),
+    "kernel_padding_on_queries": Bug(
+        "masked_softmax_kernel", find="cols < tl.load(lengths_ptr + b)",
+        replace="i < tl.load(lengths_ptr + b)", says="queries"),
+    "missing_load_mask": Bug(
+        "masked_softmax_kernel", find='row_in + cols, mask=in_row, other=-float("inf"))',
+        replace="row_in + cols)", says="masked"),
+    "load_other_zero": Bug(
+        "masked_softmax_kernel", find='mask=in_row, other=-float("inf")', replace="mask=in_row, other=0.0",
+        says="other=0"),
+    "missing_store_mask": Bug(
+        "masked_softmax_kernel", find="y.to(out_ptr.dtype.element_ty), mask=in_row)",
+        replace="y.to(out_ptr.dtype.element_ty))", says="outside"),
+    "wrapper_calls_torch": Bug(
+        "masked_softmax", find="    out = torch.empty_like(x)\n",
+        replace="    return torch.softmax(x, dim=-1).reshape(scores.shape)\n    out = torch.empty_like(x)\n",
+        says="Triton kernel"),
+    "wrapper_ignores_strides": Bug(
+        "masked_softmax", find="x = x.contiguous()", replace="x = x", says="transposed"),
+}

@@ -1,0 +1,172 @@
+"""Module 02 (masking): the reference solutions agree with PyTorch (through Triton's
+interpreter on a CPU, compiled on a GPU), the visible checks and hidden tests accept them,
+and each classic bug fails its own test cell with a message that names it.
+tests/test_grading.py runs the same lesson through nbgrader itself.
+"""
+import contextlib
+import io
+import linecache
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import course
+from course.checks import masking as checks
+from grader.build import source_notebook
+from grader.hidden import load
+from solutions import masking as ref
+from tests import submissions as subs
+from tests.bugs.masking import BUGS
+
+LESSON = "02_masking"
+DEVICE = course.DEVICE
+NEG_INF = float("-inf")
+
+
+def _blocked(M, N, causal, lengths=None):
+    """[B or 1, M, N] bool, True where blocked, written from the definitions."""
+    blocked = torch.zeros(1, M, N, dtype=torch.bool)
+    if causal:
+        blocked = blocked | torch.ones(M, N, dtype=torch.bool).triu(1)
+    if lengths is not None:
+        blocked = blocked | (torch.arange(N) >= torch.tensor(lengths)[:, None, None])
+    return blocked.to(DEVICE)
+
+
+def _sdpa_with_scores_fn(weights_fn, q, k, v):
+    """weights_fn(scores) @ v, with the scores SDPA would compute (scale 1/sqrt(D))."""
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return weights_fn(scores) @ v
+
+
+@pytest.mark.parametrize("n", [1, 5, 33])
+def test_causal_masks_match_sdpa_is_causal(n):
+    q, k, v = (torch.randn(2, 3, n, 16, dtype=torch.float64) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    additive = _sdpa_with_scores_fn(lambda s: torch.softmax(s + ref.causal_mask(n, torch.float64), -1), q, k, v)
+    boolean = _sdpa_with_scores_fn(lambda s: torch.softmax(ref.apply_mask(s, ref.causal_mask_bool(n)), -1), q, k, v)
+    torch.testing.assert_close(additive, expected)
+    torch.testing.assert_close(boolean, expected)
+    assert ref.causal_mask_bool(n).dtype == torch.bool
+    assert ref.causal_mask(n, torch.float16).dtype == torch.float16
+
+
+def test_apply_mask_matches_sdpa_attn_mask():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    blocked = torch.rand(2, 1, 6, 6, generator=g) < 0.4
+    blocked[..., 0] = False  # SDPA gives NaN on fully masked rows
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=~blocked)  # SDPA: True = attend
+    for mask in (blocked, blocked.float(), blocked.to(torch.uint8)):
+        out = _sdpa_with_scores_fn(lambda s: torch.softmax(ref.apply_mask(s, mask), -1), q, k, v)
+        torch.testing.assert_close(out, expected)
+
+
+def test_padding_and_causal_match_sdpa():
+    lengths, n = [5, 3, 1], 5
+    pad = ref.padding_mask(lengths, n)
+    assert pad.shape == (3, 1, n) and pad.dtype == torch.bool
+    both = pad | ref.causal_mask_bool(n)
+    assert torch.equal(both, _blocked(n, n, True, lengths).cpu())
+    q, k, v = (torch.randn(3, 2, n, 8, dtype=torch.float64) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=~both[:, None])
+    out = _sdpa_with_scores_fn(lambda s: torch.softmax(ref.apply_mask(s, both[:, None]), -1), q, k, v)
+    torch.testing.assert_close(out, expected)
+
+
+def test_safe_softmax_zeros_fully_masked_rows_and_keeps_gradients_finite():
+    scores = torch.randn(4, 7, dtype=torch.float64).masked_fill(_blocked(4, 7, True, [7, 0, 3, 5])[:, 0].cpu(), NEG_INF)
+    scores.requires_grad_(True)
+    out = ref.safe_softmax(scores)
+    full = torch.softmax(scores.detach(), -1)
+    torch.testing.assert_close(out[[0, 2, 3]], full[[0, 2, 3]])
+    assert torch.equal(out[1], torch.zeros(7, dtype=torch.float64))
+    (out * torch.randn_like(out)).sum().backward()
+    assert torch.isfinite(scores.grad).all()
+
+
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+WRAPPER_CASES = [  # (shape, causal, lengths)
+    ((2, 7, 37), True, [37, 0]),
+    ((3, 5, 300), False, [300, 17, 1]),
+    ((2, 12, 9), True, None),
+    ((2, 9, 40), True, [40, 3]),
+    ((6, 61), False, None),
+    ((5, 20), True, [7]),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape, causal, lengths", WRAPPER_CASES)
+def test_masked_softmax_matches_pytorch(shape, causal, lengths, dtype):
+    x = torch.randn(*shape, device=DEVICE).to(dtype) * 4
+    x3 = x if x.dim() == 3 else x[None]
+    expected = torch.softmax(x3.double().masked_fill(_blocked(*x3.shape[1:], causal, lengths), NEG_INF), -1)
+    out = ref.masked_softmax(x, causal=causal, lengths=lengths)
+    assert out.shape == x.shape and out.dtype == dtype
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    # torch gives NaN on fully masked rows; the kernel must give 0 there.
+    torch.testing.assert_close(out.double(), expected.nan_to_num(0.0).reshape(shape), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("M, N", [(5, 11), (11, 5)])
+def test_non_square_causal_is_top_left_like_sdpa(M, N):
+    q = torch.randn(2, M, 16, device=DEVICE)
+    k, v = torch.randn(2, N, 16, device=DEVICE), torch.randn(2, N, 16, device=DEVICE)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = _sdpa_with_scores_fn(lambda s: ref.masked_softmax(s, causal=True), q, k, v)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_masked_softmax_reads_a_transposed_view():
+    x = torch.randn(2, 50, 8, device=DEVICE).transpose(1, 2)
+    expected = torch.softmax(x.masked_fill(_blocked(8, 50, True, [50, 20]), NEG_INF), -1)
+    torch.testing.assert_close(ref.masked_softmax(x, causal=True, lengths=[50, 20]), expected)
+
+
+CALLS = {  # exercise: arguments of its check and hidden test
+    "causal_mask_bool": (ref.causal_mask_bool,), "causal_mask": (ref.causal_mask,),
+    "apply_mask": (ref.apply_mask,), "padding_mask": (ref.padding_mask,),
+    "safe_softmax": (ref.safe_softmax,), "masked_softmax_kernel": (ref.masked_softmax_kernel,),
+    "masked_softmax": (ref.masked_softmax, ref.masked_softmax_kernel),
+}
+
+
+@pytest.mark.parametrize("exercise", sorted(CALLS))
+def test_visible_checks_and_hidden_tests_pass_the_reference(exercise):
+    with contextlib.redirect_stdout(io.StringIO()):
+        getattr(checks, f"check_{exercise}")(*CALLS[exercise])
+        getattr(load("masking"), f"test_{exercise}")(*CALLS[exercise])
+
+
+def _run_cell(source, name, namespace):
+    # Register the source like IPython does: @triton.jit reads a kernel's source back.
+    filename = f"<{LESSON}:{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+
+
+@pytest.mark.parametrize("name", sorted(BUGS))
+def test_each_classic_bug_fails_its_test_cell_and_names_the_problem(name):
+    """The buggy notebook's setup and exercise cells, then the bug's test cell as nbgrader
+    runs it at autograde (hidden tests included)."""
+    bug = BUGS[name]
+    namespace = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for cell in subs.with_bug(LESSON, bug).cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("grade_id") == "setup" or meta.get("solution"):
+                _run_cell(cell.source, meta["grade_id"], namespace)
+        test = subs.cell(source_notebook(LESSON), bug.test_cell)
+        with pytest.raises(Exception) as failure:
+            _run_cell(test.source, bug.test_cell, namespace)
+    message = f"{failure.type.__name__}: {failure.value}"
+    assert bug.says.lower() in message.lower(), message
+
+
+def test_catalog_has_the_classic_bugs():
+    assert len(BUGS) >= 5
+    for needed in ("mask_polarity_inverted", "causal_off_by_one", "nan_on_fully_masked_rows",
+                   "missing_load_mask", "load_other_zero", "padding_on_queries"):
+        assert needed in BUGS
