@@ -1,22 +1,22 @@
 """The fast FlashAttention forward: same contract as `solutions.flash_forward.flash_attention`.
 
 What it adds to the teaching kernel, and why:
-- Tensor descriptors (TMA on Hopper): one descriptor per (batch, head) slice moves whole
-  tiles with the copy engine, and zero-fills rows past the end, so only the last key
-  block needs a mask.
 - The KV loop in two stages: blocks fully visible to every query row run with no mask
-  at all; only the diagonal blocks (causal) and the ragged tail block pay for masks.
-  Blocks above the diagonal are never visited.
+  at all (unpredicated loads, no compares); only the diagonal blocks (causal) and the
+  ragged tail block pay for masks. Blocks above the diagonal are never visited.
 - Causal programs run heaviest first (reverse query-block order) so the GPU's last wave
   is made of short programs.
-- triton.autotune over block sizes, warps and pipeline depth, pruned by shared memory.
+- triton.autotune over block sizes, warps and pipeline depth, pruned by shared memory
+  and by shape; one compile serves every sequence length.
+- Plain pointer loads, measured against tensor descriptors on an H100 (PERF.md):
+  descriptors made on the device cost up to 25% at short sequences, host-made ones
+  were no faster than pointers, and pointers take any strides with no alignment rules.
 `flash_attention_forward` is what the backward's autograd Function calls.
 """
 import os
 
 import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -24,7 +24,6 @@ from solutions.flash_forward import (LN2, LOG2E, check_attention_inputs, default
                                      dot_precision, flash_grid)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-TMA_ALIGN = 16  # bytes: descriptor base and strides must be multiples of this
 
 
 def _configs():
@@ -65,49 +64,63 @@ def _prune(configs, named_args, **kwargs):
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, q, k_desc, v_desc, rows, lo, hi, N_K, qk_scale,
-            BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-            DOT_PRECISION: tl.constexpr):
+def _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn, rows, d_ok, lo, hi, N_K,
+            qk_scale, BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+            D_PADDED: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     """Online softmax over key blocks [lo, hi). MASKED=False: every key is visible to
-    every row, so there is no mask arithmetic at all in that loop."""
-    for start in tl.range(lo, hi, BLOCK_K):
-        k = k_desc.load([start, 0])
-        s = tl.dot(q, k.T, input_precision=DOT_PRECISION)
+    every row, so that loop has no mask arithmetic and unpredicated loads."""
+    offs_k = tl.arange(0, BLOCK_K)
+    for start in tl.range(lo, hi, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+        cols = start + offs_k
         if MASKED:
-            cols = start + tl.arange(0, BLOCK_K)
-            valid = cols[None, :] < N_K  # descriptor rows past N_K came back as zeros
+            kT = tl.load(kT_ptrs + cols[None, :] * stride_kn,
+                         mask=d_ok[:, None] & (cols[None, :] < N_K), other=0.0)
+        elif D_PADDED:
+            kT = tl.load(kT_ptrs + cols[None, :] * stride_kn, mask=d_ok[:, None], other=0.0)
+        else:
+            kT = tl.load(kT_ptrs + cols[None, :] * stride_kn)
+        s = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        if MASKED:
+            valid = cols[None, :] < N_K
             if CAUSAL:
                 valid = valid & (cols[None, :] <= rows[:, None])
             s = tl.where(valid, s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             s = s - m_new[:, None]
         else:
-            # max of raw scores then one fused multiply-add per score
+            # max of the raw scores, then one fused multiply-add per score
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             s = s * qk_scale - m_new[:, None]
         p = tl.exp2(s)
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = v_desc.load([start, 0])
+        if MASKED:
+            v = tl.load(v_ptrs + cols[:, None] * stride_vn,
+                        mask=(cols[:, None] < N_K) & d_ok[None, :], other=0.0)
+        elif D_PADDED:
+            v = tl.load(v_ptrs + cols[:, None] * stride_vn, mask=d_ok[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs + cols[:, None] * stride_vn)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_configs(), key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP"],
+@triton.autotune(configs=_configs(), key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL"],
                  prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@triton.jit(do_not_specialize=["N_Q", "N_K"])  # lengths only bound masks: one compile for all
 def flash_attention_fwd_kernel(
     Q, K, V, O, LSE,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
-    H, N_Q, N_K, qk_scale,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    H, GROUP, N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
+    # The last dim must be contiguous (the wrapper sees to it): rows load as wide vectors.
     pid_q = tl.program_id(0)
     if CAUSAL:
         pid_q = tl.num_programs(0) - 1 - pid_q  # longest rows first
@@ -116,20 +129,15 @@ def flash_attention_fwd_kernel(
     h = (pid_bh % H).to(tl.int64)
     h_kv = h // GROUP
 
-    # One 2-D [seq, head_dim] view per (batch, head): any batch/head strides work, and
-    # the descriptor's shape bounds the loads (zeros past the end) and stores (clipped).
-    q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, shape=[N_Q, HEAD_DIM],
-                                       strides=[stride_qn, 1], block_shape=[BLOCK_Q, BLOCK_D])
-    k_desc = tl.make_tensor_descriptor(K + b * stride_kb + h_kv * stride_kh, shape=[N_K, HEAD_DIM],
-                                       strides=[stride_kn, 1], block_shape=[BLOCK_K, BLOCK_D])
-    v_desc = tl.make_tensor_descriptor(V + b * stride_vb + h_kv * stride_vh, shape=[N_K, HEAD_DIM],
-                                       strides=[stride_vn, 1], block_shape=[BLOCK_K, BLOCK_D])
-    o_desc = tl.make_tensor_descriptor(O + b * stride_ob + h * stride_oh, shape=[N_Q, HEAD_DIM],
-                                       strides=[stride_on, 1], block_shape=[BLOCK_Q, BLOCK_D])
-
     q0 = pid_q * BLOCK_Q
     rows = q0 + tl.arange(0, BLOCK_Q)
-    q = q_desc.load([q0, 0])
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    D_PADDED: tl.constexpr = HEAD_DIM != BLOCK_D
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :],
+                mask=(rows[:, None] < N_Q) & d_ok[None, :], other=0.0)
+    kT_ptrs = K + b * stride_kb + h_kv * stride_kh + offs_d[:, None]  # K read transposed
+    v_ptrs = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :]
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
@@ -139,37 +147,21 @@ def flash_attention_fwd_kernel(
     full_end = (N_K // BLOCK_K) * BLOCK_K
     if CAUSAL:
         full_end = tl.minimum(full_end, q0)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_desc, v_desc, rows, 0, full_end, N_K, qk_scale,
-                            BLOCK_K, False, CAUSAL, DOT_PRECISION)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn, rows, d_ok,
+                            0, full_end, N_K, qk_scale, BLOCK_K, False, CAUSAL, D_PADDED,
+                            DOT_PRECISION, WARP_SPECIALIZE)
     # Stage 2, masked: the diagonal blocks (causal) and the ragged last block. Key 0 is
-    # always in the first block visited, so every row's max is finite from then on.
+    # in the first block visited whatever the stages, so every row's max is finite.
     masked_end = N_K
     if CAUSAL:
         masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_desc, v_desc, rows, full_end, masked_end, N_K,
-                            qk_scale, BLOCK_K, True, CAUSAL, DOT_PRECISION)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn, rows, d_ok,
+                            full_end, masked_end, N_K, qk_scale, BLOCK_K, True, CAUSAL, D_PADDED,
+                            DOT_PRECISION, False)
 
-    o_desc.store([q0, 0], (acc / l_i[:, None]).to(O.dtype.element_ty))
+    tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :],
+             (acc / l_i[:, None]).to(O.dtype.element_ty), mask=(rows[:, None] < N_Q) & d_ok[None, :])
     tl.store(LSE + pid_bh * N_Q + rows, (m_i + tl.log2(l_i)) * LN2, mask=rows < N_Q)
-
-
-def _alloc_scratch(size, alignment, stream):
-    """Device-side descriptors are written to global scratch memory that Triton asks for."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _descriptor_ready(x):
-    es = x.element_size()
-    return (x.stride(-1) == 1 and x.data_ptr() % TMA_ALIGN == 0
-            and all(s * es % TMA_ALIGN == 0 for s in x.stride()[:-1]))
-
-
-def _descriptor_operand(x, head_dim):
-    """x itself when a descriptor can address it, else an aligned copy. Zero columns
-    added to reach head_dim change no dot product (and are cut from the output)."""
-    if _descriptor_ready(x):
-        return x
-    return F.pad(x, (0, head_dim - x.shape[-1])).contiguous()
 
 
 def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
@@ -178,12 +170,9 @@ def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
     scores of each query row."""
     B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
     scale = default_scale(sm_scale, D)
-    if q.is_cuda:
-        triton.set_allocator(_alloc_scratch)
-    # Descriptor rows must be a multiple of 16 bytes: pad odd head dims (rare) once.
-    dp = triton.cdiv(D * q.element_size(), TMA_ALIGN) * TMA_ALIGN // q.element_size()
-    q, k, v = (_descriptor_operand(t, dp) for t in (q, k, v))
-    o = torch.empty(B, H, Nq, dp, device=q.device, dtype=q.dtype)
+    # Unit stride along head_dim lets rows load as wide vectors (copy the rare others).
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
 
     def grid(meta):
@@ -192,8 +181,8 @@ def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
     flash_attention_fwd_kernel[grid](
         q, k, v, o, lse,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-        H, Nq, Nk, scale * LOG2E,
-        GROUP=H // Hkv, HEAD_DIM=dp, BLOCK_D=max(16, triton.next_power_of_2(dp)),
-        CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
+        H, H // Hkv, Nq, Nk, scale * LOG2E,
+        HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype), WARP_SPECIALIZE=False,
     )
-    return (o if dp == D else o[..., :D].contiguous()), lse
+    return o, lse

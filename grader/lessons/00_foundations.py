@@ -48,8 +48,10 @@ load("foundations").test_q01_l2_norm(q01_l2_norm)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# **Why.** 3² + 4² = 25 and √25 = 5: the length of the arrow from the origin to the point
-# (3, 4), by Pythagoras. `torch.linalg.vector_norm(x)` computes it for any vector.
+# **Why.** The L2 norm is the length of the arrow from the origin to the point (3, 4): by
+# Pythagoras, square the sides, add, take the square root. `torch.linalg.vector_norm(x)`
+# computes it for any vector. (Forgetting the root gives the *squared* norm; adding the
+# absolute values gives the L1 norm: both are other quantities.)
 
 # %% [markdown]
 # ### Q2 (1 point). A dot product
@@ -72,9 +74,10 @@ load("foundations").test_q02_dot(q02_dot)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# **Why.** 1·4 + 2·5 + 3·6 = 4 + 10 + 18 = 32. In attention, the score of query i for
-# key j is exactly this: the dot product of the query vector with the key vector. A large
-# dot product means the two vectors point the same way.
+# **Why.** First entry times first entry, plus second times second, plus third times
+# third. In attention, the score of query i for key j is exactly this: the dot product of
+# the query vector with the key vector. A large dot product means the two vectors point
+# the same way; `u · v = ‖u‖ ‖v‖ cos θ`.
 
 # %% [markdown]
 # ### Q3 (1 point). A 2x2 matrix product
@@ -100,11 +103,11 @@ load("foundations").test_q03_matmul(q03_matmul)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# **Why.** Entry (0, 0) is [1, 2]·[5, 7] = 19, entry (0, 1) is [1, 2]·[6, 8] = 22, and the
-# second row gives 43 and 50. `a * b` would multiply entry by entry instead (5, 12, 21, 32):
-# a different operation. Attention's scores are one matrix product, S = Q Kᵀ: all the
-# query-key dot products at once. A matrix product of an M×K by a K×N matrix costs
-# M·N·K multiply-adds.
+# **Why.** Entry (0, 0) takes row 0 of `a`, [1, 2], and column 0 of `b`, [5, 7]; entry
+# (0, 1) takes the same row and column 1, and so on. `a * b` multiplies entry by entry
+# instead: a different operation, and a classic slip. Order matters too: `b @ a` differs.
+# Attention's scores are one matrix product, S = Q Kᵀ: all the query-key dot products at
+# once. A product of an M×K by a K×N matrix costs M·N·K multiply-adds.
 
 # %% [markdown]
 # ## Softmax and its `dim`
@@ -146,8 +149,8 @@ load("foundations").test_q04_softmax(q04_softmax_123, q04_softmax_dim0, q04_soft
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# **Why.** softmax([1, 2, 3]) ≈ [0.090, 0.245, 0.665]: e¹, e², e³ divided by their sum.
-# Each step of 1 in the score multiplies the weight by e ≈ 2.7.
+# **Why.** softmax([1, 2, 3]) is e¹, e², e³ divided by their sum: each step of 1 in the
+# score multiplies the weight by e ≈ 2.7, so the largest score takes most of the weight.
 #
 # `dim=d` means "the entries that differ only in their index along dimension d form one
 # softmax". On a 2x3 tensor, `dim=0` (size 2) runs down each **column**: 3 softmaxes of 2
@@ -303,11 +306,12 @@ plots.heatmaps({"your mask (white = -inf)": q08_causal_mask, "your weights": q08
 plt.show()
 
 # %% [markdown]
-# **Why.** The mask is 0 on and below the diagonal (key j ≤ query i) and `-inf` above it:
-# `torch.full((4, 4), float("-inf")).triu(1)` (the `1` keeps the diagonal at 0, so a token
-# sees itself). With equal scores, query i spreads its weight evenly over the i + 1 keys it
-# may see: rows [1, 0, 0, 0], [½, ½, 0, 0], [⅓, ⅓, ⅓, 0], [¼, ¼, ¼, ¼]. Module 06 skips
-# the blocks above the diagonal entirely: about half of the work.
+# **Why.** Key j comes after query i exactly when j > i: those entries lie on one side of
+# the diagonal, and only they are `-inf`. The diagonal itself stays 0: a token sees itself
+# (blocking it leaves row 0 with nothing to attend to, and its softmax is 0/0 = NaN).
+# With equal scores, each query spreads its weight evenly over the keys it may see, so the
+# first token gives all its weight to itself and the last one spreads it over all four.
+# Module 06 skips the blocked half of a causal attention matrix entirely: about half the work.
 
 # %% [markdown]
 # ### Q9 (2 points). Applying a 0/1 mask with `masked_fill`
@@ -329,11 +333,11 @@ load("foundations").test_q09_masked_softmax(q09_masked_softmax)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# **Why.** `scores.masked_fill(mask.bool(), float("-inf"))` replaces exactly the blocked
-# scores; after the softmax they weigh `exp(-inf) = 0`, and the open entries share all of
-# the weight. Two classic slips: filling with `0` instead of `-inf` (a score of 0 still
-# weighs `exp(0) = 1`), and inverting the polarity (`mask == 0`), which blocks exactly the
-# entries that should be open.
+# **Why.** `masked_fill(condition, value)` replaces the entries where the condition is
+# True and leaves the others. Blocked scores set to `-inf` weigh `exp(-inf) = 0` after the
+# softmax, and the open entries share all of the weight. Two classic slips: filling with
+# `0` instead of `-inf` (a score of 0 still weighs `exp(0) = 1`), and inverting the
+# polarity, which blocks exactly the entries that should be open.
 
 # %% [markdown]
 # ## Why fuse kernels, and why low precision
@@ -363,11 +367,11 @@ load("foundations").test_q10_fusion(q10_fusion_bytes_saved)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# **Why.** S is written once and read once, and so is P: four trips of N² = 1,048,576
-# numbers of 2 bytes, 8 MiB for one head. It grows with N²: at N = 16,384 with 32 heads
-# it is 64 GiB of traffic, about 20 ms at 3.35 TB/s: several times what the two matrix
-# products take on an H100 (head dimension 128), and S alone needs 16 GiB of memory. Fusion removes both:
-# the N×N matrices never leave SRAM. Module 04 measures this.
+# **Why.** Every N×N matrix that one kernel writes and the next one reads crosses the
+# DRAM link twice. The traffic grows with N²: at N = 16,384 with 32 heads, S and P cost
+# 64 GiB of traffic, about 20 ms at 3.35 TB/s, several times what the two matrix products
+# take on an H100 (head dimension 128), and S alone needs 16 GiB of memory. Fusion removes
+# both: the N×N matrices never leave SRAM. Module 04 measures this.
 
 # %% [markdown]
 # ### Q11 (1 point). Why FP16 / BF16?

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The two commands of the README:
+#   bash run.sh lab    set everything up, then open JupyterLab on the course
+#   bash run.sh test   set everything up, then run the test suite
+# Setting up = a virtual environment in .venv with this project and its dependencies.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+if [ ! -x .venv/bin/python ]; then
+    "${PYTHON:-python3}" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+
+stamp=".venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+    python -m pip install --quiet --upgrade pip
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+        # No NVIDIA GPU: the CPU build of PyTorch (an unpinned torch pulls GBs of CUDA).
+        python -m pip install --quiet "torch==2.13.0"
+    fi
+    python -m pip install --quiet -e .
+    touch "$stamp"
+fi
+
+case "${1:-lab}" in
+    lab)
+        extra=()
+        [ "$(id -u)" = 0 ] && extra+=(--allow-root)
+        exec jupyter lab --ServerApp.root_dir="$PWD/modules" "${extra[@]}" "${@:2}"
+        ;;
+    test)
+        exec python -m pytest "${@:2}"
+        ;;
+    *)
+        echo "usage: bash run.sh [lab|test] [extra arguments]" >&2
+        exit 2
+        ;;
+esac
