@@ -1,4 +1,4 @@
-"""Instructor commands: python -m grader {build,autograde,feedback,export,bench} ...
+"""Instructor commands: python -m grader {build,autograde,feedback,export,check-times,bench} ...
 
 Run `python -m grader COMMAND --help` for each command's options.
 """
@@ -28,6 +28,9 @@ def main(argv=None):
     p = sub.add_parser("export", help="export all grades to CSV")
     p.add_argument("--to", default=str(paths.COURSE / "grades.csv"))
 
+    p = sub.add_parser("check-times", help="time each visible check of the solved notebook")
+    p.add_argument("lessons", nargs="*", help="lesson names (default: all)")
+
     p = sub.add_parser("bench", help="GPU benchmark of the reference kernels against PyTorch SDPA")
     p.add_argument("args", nargs=argparse.REMAINDER, help="passed to solutions.bench")
 
@@ -45,6 +48,10 @@ def main(argv=None):
     elif args.command == "export":
         from grader.autograde import export
         export(args.to)
+    elif args.command == "check-times":
+        from grader.timing import check_times
+        for lesson in args.lessons or paths.lesson_names():
+            check_times(lesson)
     elif args.command == "bench":
         from solutions import bench
         bench.main(args.args)
