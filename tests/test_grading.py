@@ -122,8 +122,10 @@ def test_feedback_names_the_problem_and_hides_hidden_tests(graded):
     for name, bug in graded["bugs"].items():
         text = _feedback_text(graded["feedback"][f"bug_{name}"])
         assert bug.says.lower() in text.lower(), f"feedback of bug {name} does not say {bug.says!r}"
+    topic = subs.topic_of(graded["lesson"])
     for student, html in graded["feedback"].items():
-        for secret in ("BEGIN HIDDEN TESTS", "grader.hidden", "load(", "grader/hidden"):
+        for secret in ("BEGIN HIDDEN TESTS", "grader.hidden", f'load("{topic}")', f"load(&quot;{topic}",
+                       "grader/hidden"):
             assert secret not in html, f"feedback of {student} shows {secret!r}"
 
 
