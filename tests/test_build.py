@@ -5,6 +5,7 @@ import pytest
 from grader import build, paths
 
 LESSONS = paths.lesson_names()
+pytestmark = pytest.mark.xdist_group("build")  # one worker builds everything once
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,8 @@ def _run(lesson, work):
         paths.COURSE = saved
 
 
-@pytest.fixture(params=LESSONS)
+# Each lesson's run stays on one xdist worker (its submissions are graded once).
+@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.xdist_group(name)) for name in LESSONS])
 def graded(request, grade):
     return grade(request.param)
 
@@ -129,6 +130,7 @@ def test_feedback_names_the_problem_and_hides_hidden_tests(graded):
             assert secret not in html, f"feedback of {student} shows {secret!r}"
 
 
+@pytest.mark.xdist_group("01_softmax")
 def test_broken_submissions_cost_only_their_own_points(grade):
     graded = grade("01_softmax")
     r = graded["results"]
