@@ -1,5 +1,6 @@
 """Pictures the lessons show: heatmaps, lines and bars, in one consistent style."""
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import torch
 
 
@@ -35,6 +36,7 @@ def lines(x, series: dict, *, title="", xlabel="", ylabel="", logx=False, logy=F
     for label, y in series.items():
         ax.plot(_numpy(x), _numpy(y), marker=marker, label=label)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
@@ -44,12 +46,17 @@ def lines(x, series: dict, *, title="", xlabel="", ylabel="", logx=False, logy=F
     return ax
 
 
-def bars(values: dict, *, title="", ylabel="", ax=None, logy=False):
-    """One bar per entry of {label: value}, labelled with its value."""
+def bars(values: dict, *, title="", ylabel="", ax=None, logy=False, groups=None):
+    """One bar per entry of {label: value}, labelled with its value.
+
+    groups: optional group index per bar (e.g. the block it belongs to), one colour each.
+    """
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     labels, heights = list(values), [float(v) for v in values.values()]
-    rects = ax.bar(labels, heights, color="tab:blue")
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = [palette[g % len(palette)] for g in groups] if groups is not None else "tab:blue"
+    rects = ax.bar(labels, heights, color=colors)
     ax.bar_label(rects, labels=[f"{h:.3g}" for h in heights], fontsize=8)
     ax.set(title=title, ylabel=ylabel)
     if logy:

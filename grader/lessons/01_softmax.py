@@ -184,7 +184,8 @@ history = []
 online_softmax(row, 3, history=history)
 blocks = torch.arange(1, len(history) + 1)
 fig, axes = plt.subplots(1, 3, figsize=(14, 3.2))
-plots.bars({str(i): v for i, v in enumerate(row)}, title="the row (blocks of 3)", ax=axes[0])
+plots.bars({str(i): v for i, v in enumerate(row)}, title="the row, one colour per block of 3",
+           groups=[i // 3 for i in range(len(row))], ax=axes[0])
 plots.lines(blocks, {"running max m": [h[0] for h in history]}, title="m after each block",
             xlabel="block", ax=axes[1])
 plots.lines(blocks, {"running sum l": [h[1] for h in history]}, title="l after each block",
