@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 FIELDS = ["dtype", "D", "N", "B", "H", "causal", "mode", "impl", "ms", "tflops", "peak_mib", "status"]
 IMPLS = ["teaching", "tuned", "naive", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"]
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
 
@@ -65,7 +66,8 @@ def _ours(mode):
 
 
 def _rel_err(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm())
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm())
 
 
 def _step(fn, q, k, v, causal, do):
@@ -187,7 +189,7 @@ def print_table(all_rows):
                 return "  n/a"
         mem = {i: _cell(rows, i, "peak_mib") for i in ("tuned", "sdpa-flash", "sdpa-cudnn", "naive")}
         dtype, mode, causal, d, n = key
-        print(f"{dtype[:5]:5} {mode:7} {'y' if str(causal) == 'True' else 'n'} {d:>3} {n:>5} | "
+        print(f"{SHORT_DTYPE.get(dtype, dtype):5} {mode:7} {'y' if str(causal) == 'True' else 'n'} {d:>3} {n:>5} | "
               + " ".join(f"{tf[i]:>6}" for i in IMPLS)
               + f" | {ratio('sdpa-flash')} {ratio('sdpa-cudnn')} {ratio('sdpa-efficient')} |"
               + f"          {mem['tuned']:>6} {mem['sdpa-flash']:>5} {mem['sdpa-cudnn']:>5} {mem['naive']:>6}")
@@ -209,8 +211,8 @@ def plot(all_rows, out):
                 pts = [(int(r["N"]), float(r[field])) for r in all_rows
                        if (r["mode"], str(r["causal"]), r["dtype"], int(r["D"])) == panel
                        and r["impl"] == impl and r[field] not in ("", None)]
-                if pts:
-                    ax.plot(*zip(*sorted(pts)), marker="o", label=impl)
+                if pts:  # one colour per implementation in every panel
+                    ax.plot(*zip(*sorted(pts)), marker="o", label=impl, color=f"C{IMPLS.index(impl)}")
             ax.set_xscale("log", base=2)
             if field == "peak_mib":
                 ax.set_yscale("log")
@@ -240,15 +242,16 @@ def main(argv=None):
             sys.exit("solutions.bench needs a CUDA GPU (use --plot CSV to draw saved results)")
         print(f"{torch.cuda.get_device_name()} | torch {torch.__version__}", flush=True)
         rows = []
-        for case in _cases(args.quick):
-            case_rows = run_case(case)
-            rows += case_rows
-            print(" ".join(f"{r['impl']}={r['tflops'] or r['status']}" for r in case_rows),
-                  "|", {k: str(v) for k, v in case.items()}, flush=True)
         with open(os.path.join(args.out, "bench.csv"), "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=FIELDS)
             writer.writeheader()
-            writer.writerows(rows)
+            for case in _cases(args.quick):
+                case_rows = run_case(case)
+                rows += case_rows
+                writer.writerows(case_rows)
+                f.flush()  # a crash later on (a bad kernel kills the CUDA context) keeps these
+                print(" ".join(f"{r['impl']}={r['tflops'] or r['status']}" for r in case_rows),
+                      "|", {k: str(v) for k, v in case.items()}, flush=True)
     try:
         plot(rows, args.out)
     except ImportError:

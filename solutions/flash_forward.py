@@ -197,18 +197,21 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, *, block_q=None, block
     """
     B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
     scale = default_scale(sm_scale, D)
-    gpu = q.is_cuda
-    block_q = block_q or (128 if gpu else 32)
-    block_k = block_k or (64 if gpu else 32)
+    block_d = max(16, triton.next_power_of_2(D))
+    big_d = block_d > 128  # tiles of 256-wide rows must shrink to fit in shared memory
+    if q.is_cuda:
+        block_q = block_q or (64 if big_d else 128)
+        block_k = block_k or (32 if big_d else 64)
+    else:  # small tiles keep the interpreter's per-block cost low
+        block_q, block_k = block_q or 32, block_k or 32
     o = torch.empty_like(q)
     lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
-    block_d = max(16, triton.next_power_of_2(D))
     flash_attention_kernel[flash_grid(Nq, B, H, block_q)](
         q, k, v, o, lse,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, Nq, Nk, scale * LOG2E,
         GROUP=H // Hkv, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_K=block_k,
         CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=4 if block_d <= 64 else 8, num_stages=3,  # ignored by the interpreter
+        num_warps=8 if block_d == 128 else 4, num_stages=2 if big_d else 3,  # GPU only
     )
     return o, lse

@@ -6,8 +6,8 @@ What it adds to the teaching kernel, and why:
   ragged tail block pay for masks. Blocks above the diagonal are never visited.
 - Causal programs run heaviest first (reverse query-block order) so the GPU's last wave
   is made of short programs.
-- triton.autotune over block sizes, warps and pipeline depth, pruned by shared memory
-  and by shape; one compile serves every sequence length.
+- triton.autotune over a shortlist of block sizes, warps and pipeline depths per head
+  dim, pruned by shared memory; one compile serves every sequence length.
 - Plain pointer loads, measured against tensor descriptors on an H100 (PERF.md):
   descriptors made on the device cost up to 25% at short sequences, host-made ones
   were no faster than pointers, and pointers take any strides with no alignment rules.
@@ -26,13 +26,25 @@ from solutions.flash_forward import (LN2, LOG2E, check_attention_inputs, default
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# (BLOCK_Q, BLOCK_K, num_warps, num_stages), best first, from sweeps on an H100 (PERF.md).
+SHORTLIST = {
+    64: [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3)],     # head_dim <= 64
+    128: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4)],    # head_dim <= 128
+    256: [(64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2)],       # a 128-row fp32 acc spills
+}
+SHORT_Q = (64, 64, 4, 3)  # at most 64 query rows: a 128-row block would be half empty
+FP32 = (64, 32, 4, 2)     # exact fp32 dots run on FMA units: the smallest tile compiles fastest
+
+
+def _config(bq, bk, w, s):
+    return triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+
+
 def _configs():
     if INTERPRET:  # autotune with more than one config cannot run on the interpreter
-        return [triton.Config({"BLOCK_Q": 64, "BLOCK_K": 32}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-            for bq, bk, w, s in [(128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3),
-                                 (128, 128, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2),
-                                 (128, 32, 8, 2)]]
+        return [_config(64, 32, 4, 1)]
+    shapes = [c for short in SHORTLIST.values() for c in short] + [SHORT_Q, FP32]
+    return [_config(*c) for c in dict.fromkeys(shapes)]
 
 
 def _smem_bytes(cfg, block_d, elsize):
@@ -42,35 +54,34 @@ def _smem_bytes(cfg, block_d, elsize):
 
 
 def _prune(configs, named_args, **kwargs):
-    """Keep the configs that fit in shared memory and suit the shape: 128-row query
-    blocks normally; 64-row ones for short queries; for head dims over 128, where the
-    fp32 accumulator of 128 rows would spill from registers, 64 rows or 8 warps."""
+    """Benchmark only the shortlist for this shape, and only configs that fit in
+    shared memory (BLOCK_Q is always a multiple of BLOCK_K: the causal split needs it)."""
     if INTERPRET:
         return configs
     args = {**named_args, **kwargs}
     block_d, n_q, q = args["BLOCK_D"], args["N_Q"], args["Q"]
+    elsize = q.element_size()
+    if elsize == 4:
+        wanted = [FP32]
+    elif n_q <= 64:
+        wanted = [SHORT_Q]
+    else:
+        wanted = SHORTLIST[64 if block_d <= 64 else 128 if block_d <= 128 else 256]
     limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
-
-    def suits(c):
-        bq, bk = c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"]
-        if n_q <= 64:
-            return bq == 64 and c.num_stages == 3
-        if block_d > 128:
-            return bq == 64 or c.num_warps == 8 and bk == 32
-        return bq == 128 and bk >= 64
-
-    fits = [c for c in configs if _smem_bytes(c, block_d, q.element_size()) <= limit]
-    return [c for c in fits if suits(c)] or fits
+    by_shape = {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages): c
+                for c in configs}
+    kept = [by_shape[w] for w in wanted if _smem_bytes(by_shape[w], block_d, elsize) <= limit]
+    return kept or [by_shape[FP32]]
 
 
 @triton.jit
 def _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn, rows, d_ok, lo, hi, N_K,
             qk_scale, BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-            D_PADDED: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+            D_PADDED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online softmax over key blocks [lo, hi). MASKED=False: every key is visible to
     every row, so that loop has no mask arithmetic and unpredicated loads."""
     offs_k = tl.arange(0, BLOCK_K)
-    for start in tl.range(lo, hi, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+    for start in tl.range(lo, hi, BLOCK_K):
         cols = start + offs_k
         if MASKED:
             kT = tl.load(kT_ptrs + cols[None, :] * stride_kn,
@@ -118,7 +129,7 @@ def flash_attention_fwd_kernel(
     H, GROUP, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # The last dim must be contiguous (the wrapper sees to it): rows load as wide vectors.
     pid_q = tl.program_id(0)
@@ -149,7 +160,7 @@ def flash_attention_fwd_kernel(
         full_end = tl.minimum(full_end, q0)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn, rows, d_ok,
                             0, full_end, N_K, qk_scale, BLOCK_K, False, CAUSAL, D_PADDED,
-                            DOT_PRECISION, WARP_SPECIALIZE)
+                            DOT_PRECISION)
     # Stage 2, masked: the diagonal blocks (causal) and the ragged last block. Key 0 is
     # in the first block visited whatever the stages, so every row's max is finite.
     masked_end = N_K
@@ -157,7 +168,7 @@ def flash_attention_fwd_kernel(
         masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn, rows, d_ok,
                             full_end, masked_end, N_K, qk_scale, BLOCK_K, True, CAUSAL, D_PADDED,
-                            DOT_PRECISION, False)
+                            DOT_PRECISION)
 
     tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :],
              (acc / l_i[:, None]).to(O.dtype.element_ty), mask=(rows[:, None] < N_Q) & d_ok[None, :])
@@ -183,6 +194,6 @@ def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
         H, H // Hkv, Nq, Nk, scale * LOG2E,
         HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
-        CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype), WARP_SPECIALIZE=False,
+        CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
     )
     return o, lse

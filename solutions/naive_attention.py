@@ -5,7 +5,6 @@
 the scores S = Q K^T, the row-softmax kernel for P, a batched GEMM for O = P V. S and P
 are whole [B, H, Nq, Nk] tensors in DRAM: that is what FlashAttention avoids.
 """
-
 import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
 import torch
 
@@ -13,9 +12,11 @@ from solutions.flash_forward import check_attention_inputs, default_scale
 from solutions.softmax import softmax
 from solutions.tiling import batched_gemm_strided
 
+
 def repeat_kv(x, heads):
     """[B, Hkv, N, D] -> [B, heads, N, D]: K/V head j serves query heads j*g .. j*g+g-1."""
     return x.repeat_interleave(heads // x.shape[1], dim=1)
+
 
 def attention_reference(q, k, v, causal=False, sm_scale=None):
     """softmax(Q K^T * scale + mask) V, in the dtype of q (use float64 inputs for a
@@ -32,7 +33,7 @@ def attention_reference(q, k, v, causal=False, sm_scale=None):
 
 
 def naive_attention(q, k, v, causal=False, sm_scale=None):
-    """Attention in three Triton launches, with S and P written to DRAM in between:
+    """Attention in three Triton steps, with S and P written to DRAM in between:
     S = Q K^T (batched GEMM), P = softmax(S) (row softmax kernel), O = P V (batched GEMM).
     Scaling and the causal mask are applied in PyTorch on S, which sits in DRAM anyway."""
     B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
@@ -43,5 +44,6 @@ def naive_attention(q, k, v, causal=False, sm_scale=None):
     if causal:
         future = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).triu(1)
         s.masked_fill_(future, float("-inf"))  # top-left aligned: row i sees keys j <= i
-    p = softmax(s.view(B * H * Nq, Nk)).view(B, H, Nq, Nk)
-    return batched_gemm_strided(p.to(q.dtype), v, False).to(q.dtype)
+    p = softmax(s.view(B * H * Nq, Nk))
+    del s
+    return batched_gemm_strided(p.view(B, H, Nq, Nk).to(q.dtype), v, False)

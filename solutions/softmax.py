@@ -54,7 +54,7 @@ def online_softmax(x, block_size, history=None):
 def softmax_kernel(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols,
                    BLOCK_SIZE: tl.constexpr):
     """One program per row; BLOCK_SIZE is a power of two >= n_cols."""
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * stride passes 2**31 for big tensors
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
     # -inf for the padding lanes: they neither win the max nor add to the sum.

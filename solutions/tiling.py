@@ -251,8 +251,8 @@ def batched_gemm_ptrs(a_list, b_list, b_transposed):
     (batch, head), each its own allocation, shapes free to differ between pairs.
 
     One launch: the matrices' addresses go into int64 tensors the kernel reads. Returns
-    the list of C_p, each a new [M_p, N_p] tensor in the inputs' dtype. Non-contiguous
-    matrices are copied to contiguous ones first.
+    the list of C_p, [M_p, N_p] in the inputs' dtype (contiguous views into one new
+    buffer). Non-contiguous inputs are copied to contiguous ones first.
     """
     if not isinstance(b_transposed, bool):
         raise TypeError(f"b_transposed must be True or False, got {b_transposed!r}")
@@ -264,25 +264,29 @@ def batched_gemm_ptrs(a_list, b_list, b_transposed):
                    for i, t in enumerate(ts)}, rank=2)
     a_list = [t.contiguous() for t in a_list]
     b_list = [t.contiguous() for t in b_list]
-    sizes, c_list = [], []
+    sizes = []
     for i, (a, b) in enumerate(zip(a_list, b_list)):
         (M, K), (N, Kb) = a.shape, (b.shape if b_transposed else b.shape[::-1])
         if Kb != K:
             raise ValueError(f"pair {i}: a is {tuple(a.shape)} but b is {tuple(b.shape)} "
                              f"(b_transposed={b_transposed})")
         sizes.append((M, N, K))
-        c_list.append(torch.empty(M, N, dtype=a.dtype, device=a.device))
-    grid = (len(a_list), triton.cdiv(max(s[0] for s in sizes), TILE))
+    pairs = len(sizes)
+    grid = (pairs, triton.cdiv(max(M for M, _, _ in sizes), TILE))
     if grid[1] > MAX_GRID_YZ:
         raise ValueError(f"grid {grid} passes CUDA's limit of {MAX_GRID_YZ} on axis 1")
-    # One host-to-device copy carries the whole table: three rows of addresses, then sizes.
-    table = torch.tensor([[t.data_ptr() for t in a_list], [t.data_ptr() for t in b_list],
-                          [t.data_ptr() for t in c_list]] + [list(s) for s in zip(*sizes)],
-                         dtype=torch.int64).to(a_list[0].device)
-    sizes_by_pair = table[3:].t().contiguous()
-    batched_gemm_ptrs_kernel[grid](table[0], table[1], table[2], sizes_by_pair,
-                                   B_TRANSPOSED=b_transposed,
-                                   DTYPE=TRITON_DTYPES[a_list[0].dtype],
+    # The outputs are views into one new buffer: one allocation instead of one per pair.
+    first = a_list[0]
+    out = torch.empty(sum(M * N for M, N, _ in sizes), dtype=first.dtype, device=first.device)
+    c_list = [c.view(M, N) for c, (M, N, _) in zip(out.split([M * N for M, N, _ in sizes]), sizes)]
+    # One host-to-device copy carries the whole table: the a, b and c addresses, then
+    # (M, N, K) pair by pair.
+    table = torch.tensor([t.data_ptr() for t in a_list + b_list + c_list]
+                         + [size for pair in sizes for size in pair],
+                         dtype=torch.int64).to(first.device)
+    batched_gemm_ptrs_kernel[grid](table[:pairs], table[pairs:2 * pairs],
+                                   table[2 * pairs:3 * pairs], table[3 * pairs:],
+                                   B_TRANSPOSED=b_transposed, DTYPE=TRITON_DTYPES[first.dtype],
                                    BLOCK_M=TILE, BLOCK_N=TILE, BLOCK_K=TILE_K)
     return c_list
 

@@ -5,16 +5,14 @@ inputs (the seed is in every failure message), ragged and unequal lengths, causa
 not, grouped-query heads, non-contiguous layouts, fused (atomic dQ) and unfused dQ.
 On a CPU the kernels run in Triton's interpreter: sizes stay small.
 """
-import os
 import random
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton, if conftest has not run
-import course  # noqa: E402,F401  (picks the interpreter before triton is imported)
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import course  # noqa: F401  (picks GPU or interpreter before triton is imported)
+import pytest
+import torch
 
-from course.testing import CheckFailed, assert_close, count_launches, guarded_input  # noqa: E402
-from solutions import flash_backward as fb  # noqa: E402
+from course.testing import CheckFailed, assert_close, count_launches, guarded_input
+from solutions import flash_backward as fb
 
 DEVICE = course.DEVICE
 ON_GPU = DEVICE == "cuda"
@@ -118,6 +116,16 @@ def test_non_contiguous_inputs_and_grad_output(fused):
     check_grads(grads, refs, torch.float32, f"seed={seed} non-contiguous fused={fused}")
 
 
+def test_grad_output_with_zero_strides():
+    """o.sum().backward() hands the backward an expanded dO whose strides are all 0."""
+    seed = fresh_seed()
+    q, k, v, _ = _inputs(seed, Nq=40, Nk=33, D=16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fb.flash_attention(q, k, v, causal=True)[0].sum().backward()
+    _, *refs = reference(q, k, v, torch.ones_like(q), True)
+    check_grads((q.grad, k.grad, v.grad), refs, torch.float32, f"seed={seed} dO = ones, strides 0")
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["dq-kernel", "fused-atomic"])
 def test_no_reads_past_the_inputs(fused):
     """Inputs framed by NaN in memory: a load past a ragged tail would show as NaN."""
@@ -210,7 +218,8 @@ def test_backward_runs_triton_kernels():
             count_launches(fb.bwd_dq_kernel) as dq_launches:
         run_backward(q, k, v, do, False, False)
         run_backward(q, k, v, do, False, True)
-    assert (pre[0], dkdv[0], dq_launches[0]) == (2, 2, 1)
+    # (on a GPU the first call of a shape also launches each autotune candidate)
+    assert pre[0] == 2 and dkdv[0] >= 2 and dq_launches[0] >= 1, (pre, dkdv, dq_launches)
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ import triton
 
 from course import DEVICE
 from course.testing import (assert_close, assert_not_trivial, count_launches, explain_nan_from_guards,
-                            fail, forbid_torch, guarded_input, guarded_output, randn)
+                            fail, forbid_torch, guarded_allocations, guarded_input, guarded_output,
+                            randn)
 
 QUERY_KEY = ("query i", "key j")
 NEG_INF = float("-inf")
@@ -302,7 +303,8 @@ def check_masked_softmax_kernel(kernel):
 def case_wrapper(fn, kernel, scores, *, causal, lengths=None, name, quiet=False):
     """fn(scores, ...) through the learner's kernel, PyTorch's softmax forbidden."""
     kwargs = {} if causal is None else {"causal": causal}  # None: rely on the default (True)
-    with count_launches(kernel) as launches, forbid_torch("softmax"):
+    # Guarded allocations: a stray store fails the check instead of killing the kernel.
+    with count_launches(kernel) as launches, forbid_torch("softmax"), guarded_allocations():
         out = fn(scores, lengths=lengths, **kwargs)
     if launches[0] == 0:
         fail(f"{name}: masked_softmax_kernel was never launched; the wrapper must launch it")

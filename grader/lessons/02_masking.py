@@ -204,8 +204,8 @@ load("masking").test_safe_softmax(safe_softmax)
 # - load the row as one block of `BLOCK_SIZE` lanes, **masked** (`cols < n_keys`,
 #   `other=-float("inf")`): the lanes past the end are not read and count for nothing;
 # - hide the keys with `tl.where(visible, x, -float("inf"))`: when `CAUSAL`, key `j` is
-#   visible if `j <= i`; when `HAS_LENGTHS`, if `j < length`, where
-#   `length = tl.load(lengths_ptr + b)`. `if CAUSAL:` on a `tl.constexpr` is decided when
+#   visible if `j <= i`; when `HAS_LENGTHS`, if `j < length`, the int32 that `tl.load`
+#   reads at `lengths_ptr + b`. `if CAUSAL:` on a `tl.constexpr` is decided when
 #   the kernel is compiled: the unused branch costs nothing. With `M != N`, keep
 #   `j <= i` (query `i` sees the first `i + 1` keys, like `is_causal` in PyTorch's SDPA);
 # - a row with no visible key must give zeros, not NaN (section 4, now inside the kernel);

@@ -120,8 +120,9 @@ load("tiling").test_dram_reads(dram_reads, dram_reads_untiled)
 
 # %% [markdown]
 # For a 1024 x 1024 x 1024 product: each doubling of the tile halves the reads. The tile
-# is bounded by SRAM: a 128 x 128 block of fp16 `A`, `B` and an fp32 accumulator already
-# take about 128 KB, most of an H100 SM's shared memory.
+# is bounded by SRAM: with tile 128, the fp32 accumulator alone takes 64 KB, a quarter of
+# an H100 SM's registers, and the blocks of `A` and `B` must fit in its 228 KB of shared
+# memory, twice over when the next blocks are loaded while the current ones are used.
 
 # %% nbgrader={"grade": false, "grade_id": "plot_reads", "locked": true, "schema_version": 3, "solution": false, "task": false}
 size = 1024
@@ -233,8 +234,8 @@ load("tiling").test_batched_gemm_strided(batched_gemm_strided, batched_gemm_stri
 # `[B, H, N, D]` it is not contiguous, and the kernel reads it where it lies:
 
 # %% nbgrader={"grade": false, "grade_id": "demo_views", "locked": true, "schema_version": 3, "solution": false, "task": false}
-q = torch.randn(2, 48, 4, 32, device=course.DEVICE).transpose(1, 2)  # [B, H, N, D] view
-k = torch.randn(2, 48, 4, 32, device=course.DEVICE).transpose(1, 2)
+q = torch.randn(2, 48, 2, 32, device=course.DEVICE).transpose(1, 2)  # [B, H, N, D] view
+k = torch.randn(2, 48, 2, 32, device=course.DEVICE).transpose(1, 2)
 print("q:", tuple(q.shape), "strides", q.stride(), "contiguous:", q.is_contiguous())
 scores = batched_gemm_strided(q, k, True)
 print("Q Kᵀ:", tuple(scores.shape), "max error",

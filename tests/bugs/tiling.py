@@ -30,6 +30,6 @@ BUGS = {
         "batched_gemm_ptrs", find="tl.load(a_ptrs + pair)", replace="tl.load(a_ptrs)",
         says="used pair 0"),
     "ptrs_grid_too_short": Bug(
-        "batched_gemm_ptrs", find="triton.cdiv(max(s[0] for s in sizes), TILE)",
+        "batched_gemm_ptrs", find="triton.cdiv(max(M for M, _, _ in sizes), TILE)",
         replace="triton.cdiv(sizes[0][0], TILE)", says="largest M"),
 }
