@@ -9,6 +9,7 @@ class Bug:
     replace: str    # the buggy text
     says: str       # a word the learner's feedback must contain
     test: str = ""  # grade_id of the test cell that must lose points (default test_<exercise>)
+    also: tuple = ()  # later test cells that may fail too (they use this exercise's code)
 
     @property
     def test_cell(self):

@@ -3,7 +3,7 @@ from tests.bugs import Bug
 
 BUGS = {
     "causal_off_by_one": Bug(
-        "causal_mask_bool", find="triu(diagonal=1)", replace="triu(diagonal=0)", says="off by one"),
+        "causal_mask_bool", find="triu(diagonal=1)", replace="triu(diagonal=0)", says="off by one", also=("test_causal_mask",)),
     "additive_mask_of_ones": Bug(
         "causal_mask", find='mask.masked_fill(causal_mask_bool(n, device=device), float("-inf"))',
         replace="mask.masked_fill(causal_mask_bool(n, device=device), 1.0)", says="-inf"),
@@ -25,22 +25,22 @@ BUGS = {
         "safe_softmax", find="return probs.masked_fill(blocked, 0.0)", replace="return probs",
         says="1/N"),
     "kernel_causal_off_by_one": Bug(
-        "masked_softmax_kernel", find="cols <= i", replace="cols < i", says="off by one"),
+        "masked_softmax_kernel", find="cols <= i", replace="cols < i", says="off by one", also=("test_masked_softmax",)),
     "kernel_nan_on_fully_masked_rows": Bug(
         "masked_softmax_kernel", find='row_max = tl.where(row_max == -float("inf"), 0.0, row_max)',
-        replace="", says="NaN on fully masked rows"),
+        replace="", says="NaN on fully masked rows", also=("test_masked_softmax",)),
     "kernel_padding_on_queries": Bug(
         "masked_softmax_kernel", find="cols < tl.load(lengths_ptr + b)",
-        replace="i < tl.load(lengths_ptr + b)", says="queries"),
+        replace="i < tl.load(lengths_ptr + b)", says="queries", also=("test_masked_softmax",)),
     "missing_load_mask": Bug(
         "masked_softmax_kernel", find='row_in + cols, mask=in_row, other=-float("inf"))',
-        replace="row_in + cols)", says="masked"),
+        replace="row_in + cols)", says="masked", also=("test_masked_softmax",)),
     "load_other_zero": Bug(
         "masked_softmax_kernel", find='mask=in_row, other=-float("inf")', replace="mask=in_row, other=0.0",
-        says="other=0"),
+        says="other=0", also=("test_masked_softmax",)),
     "missing_store_mask": Bug(
         "masked_softmax_kernel", find="y.to(out_ptr.dtype.element_ty), mask=in_row)",
-        replace="y.to(out_ptr.dtype.element_ty))", says="outside"),
+        replace="y.to(out_ptr.dtype.element_ty))", says="outside", also=("test_masked_softmax",)),
     "wrapper_calls_torch": Bug(
         "masked_softmax", find="    out = torch.empty_like(x)\n",
         replace="    return torch.softmax(x, dim=-1).reshape(scores.shape)\n    out = torch.empty_like(x)\n",

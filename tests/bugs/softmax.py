@@ -17,13 +17,13 @@ BUGS = {
         says="rescaled"),
     "load_other_zero": Bug(
         "softmax_kernel", find='mask=mask, other=-float("inf")', replace="mask=mask, other=0.0",
-        says="other=0"),
+        says="other=0", also=("test_softmax",)),
     "missing_load_mask": Bug(
         "softmax_kernel", find='cols, mask=mask, other=-float("inf"))', replace="cols)",
-        says="masked"),
+        says="masked", also=("test_softmax",)),
     "missing_store_mask": Bug(
         "softmax_kernel", find="y.to(out_ptr.dtype.element_ty), mask=mask)",
-        replace="y.to(out_ptr.dtype.element_ty))", says="outside"),
+        replace="y.to(out_ptr.dtype.element_ty))", says="outside", also=("test_softmax",)),
     "wrapper_fixed_block": Bug(
         "softmax", find="block = triton.next_power_of_2(n_cols)", replace="block = 1024",
         says="next_power_of_2"),
