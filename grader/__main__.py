@@ -34,6 +34,11 @@ def main(argv=None):
     p = sub.add_parser("bench", help="GPU benchmark of the reference kernels against PyTorch SDPA")
     p.add_argument("args", nargs=argparse.REMAINDER, help="passed to solutions.bench")
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # everything after `bench` belongs to solutions.bench
+        from solutions import bench
+        bench.main(argv[1:])
+        return 0
     args = parser.parse_args(argv)
     if args.command == "build":
         from grader.build import build
@@ -52,9 +57,6 @@ def main(argv=None):
         from grader.timing import check_times
         for lesson in args.lessons or paths.lesson_names():
             check_times(lesson)
-    elif args.command == "bench":
-        from solutions import bench
-        bench.main(args.args)
     return 0
 
 

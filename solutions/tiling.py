@@ -6,7 +6,7 @@ small GEMMs of attention (one per batch and head): strides over [B, H, M, K] ten
 or an array of pointers to separately allocated matrices. `compare_dispatch` puts
 numbers on the choice.
 """
-import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
+import course  # first: chooses GPU or interpreter before triton is imported
 import torch
 import triton
 import triton.language as tl
@@ -20,7 +20,7 @@ TILE_K = 32
 MAX_GRID_YZ = 65535
 
 TRITON_DTYPES = {torch.float16: tl.float16, torch.float32: tl.float32,
-                  torch.bfloat16: tl.bfloat16}
+                 torch.bfloat16: tl.bfloat16}
 
 
 def check_inputs(tensors: dict, rank: int):
@@ -119,10 +119,10 @@ def matmul_tile(a_ptr, b_ptr, offs_m, offs_n, M, N, K,
 
 
 @triton.jit
-def store_tile(c_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn):
-    """Write an fp32 tile into C in C's dtype, skipping rows and columns past the end."""
-    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-             acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+def store_tile(c_ptr, tile, rows, cols, M, N, stride_cm, stride_cn):
+    """Write an fp32 tile into C[rows, cols] in C's dtype, skipping rows and columns past the end."""
+    tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
+             tile.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
 @triton.jit

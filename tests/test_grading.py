@@ -12,6 +12,9 @@ from tests import submissions as subs
 
 LESSONS = [name for name in paths.lesson_names()
            if (paths.REPO / "tests" / "bugs" / f"{subs.topic_of(name)}.py").exists()]
+# Through nbgrader (~6 s a notebook) run every bug of module 01 and the first five of the
+# other catalogs; tests/test_bugs.py runs every bug of every catalog in process.
+BUGS_THROUGH_NBGRADER = {"01_softmax": None}
 TIMEOUT = 25  # seconds per cell: the infinite loop costs this much, twice
 
 
@@ -76,7 +79,7 @@ def _run(lesson, work):
         folder = work / "submitted_by_students"
         subs.save(subs.solution_notebook(lesson), folder, "reference", lesson)
         subs.save(subs.release(lesson), folder, "untouched", lesson)
-        bugs = subs.bugs_of(lesson)
+        bugs = dict(list(subs.bugs_of(lesson).items())[:BUGS_THROUGH_NBGRADER.get(lesson, 5)])
         for name, bug in bugs.items():
             subs.save(subs.with_bug(lesson, bug), folder, f"bug_{name}", lesson)
         broken = _broken_softmax(lesson) if lesson == "01_softmax" else {}

@@ -398,12 +398,15 @@ def dispatch_model(B, H, M, N, K, dtype, tile):
             "stack": (3, gemm + 2 * pairs * (M * K + K * N) * size)}
 
 
-_DISPATCH_HINTS = {
-    "loop": "one launch per (batch, head) pair: B * H launches",
-    "strided": "one launch; A and B read as dram_reads counts, C written once",
-    "ptrs": "one launch; plus 6 int64 (8 bytes each) per pair for the pointer and size table",
-    "stack": "torch.stack launches once for A and once for B, then one strided launch; "
-             "the copies read and write every element of A and B once more",
+_GEMM_BYTES = "pairs * (dram_reads(M, N, K, TILE) + M * N) * element size"
+_DISPATCH_HINTS = {  # strategy: (launches, bytes), as the docstring counts them
+    "loop": ("one matmul launch per (batch, head) pair: B * H", _GEMM_BYTES),
+    "strided": ("one launch for every pair", _GEMM_BYTES),
+    "ptrs": ("one launch for every pair (copying the table is not a launch)",
+             _GEMM_BYTES + " + pairs * 6 * 8 for the table of 6 int64 per pair"),
+    "stack": ("torch.stack once for A and once for B, then one strided launch: 3",
+              _GEMM_BYTES + " + 2 * pairs * (M * K + K * N) * element size: the copies read "
+              "and write every element of A and B once more"),
 }
 
 
@@ -417,10 +420,10 @@ def case_compare_dispatch(fn, B, H, M, N, K, dtype, tile):
         row = by_name.get(strategy)
         if row is None:
             fail(f"{name} has no row with strategy {strategy!r} (rows: {list(by_name)})")
-        for key, want in (("launches", launches), ("bytes", size)):
+        for key, want, hint in zip(("launches", "bytes"), (launches, size), _DISPATCH_HINTS[strategy]):
             if row.get(key) != want:
-                fail(f"{name}, strategy {strategy!r}: {key} is {row.get(key)}, expected {want} "
-                     f"({_DISPATCH_HINTS[strategy]})")
+                fail(f"{name}, strategy {strategy!r}: {key} is {row.get(key)}, expected {want}: "
+                     f"{hint}")
         us = row.get("us", "missing")
         if INTERPRET and us is not None:
             fail(f"{name}, strategy {strategy!r}: us should be None in the interpreter "

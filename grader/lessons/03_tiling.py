@@ -250,8 +250,12 @@ print("Q Kᵀ:", tuple(scores.shape), "max error",
 # int64 tensors, and the kernel loads the address of its pair and turns it into a pointer:
 #
 # ```python
-# a_ptr = tl.load(a_ptrs + pair).to(tl.pointer_type(DTYPE))
+# address = tl.load(a_ptrs + pair)                 # an int64
+# a = address.to(tl.pointer_type(tl.float16))      # a pointer to fp16 elements
 # ```
+#
+# The kernel takes the element type as `DTYPE` (from `TRITON_DTYPES`), since nothing in
+# an int64 says what it points to.
 #
 # Shapes may differ per pair, so `(M, N, K)` goes into a table too. The grid is
 # `(pairs, cdiv(largest M, BLOCK_M))`; programs past a shorter pair's rows do nothing.
@@ -325,10 +329,10 @@ plt.show()
 # | ptrs | 1.5 ms | 0.7 ms | the host: checking 256 tensors, writing 384 addresses, copying the table; the kernel is 0.10 ms |
 # | stack | 0.23 ms | 0.05 ms | two copies of the inputs, then the strided GEMM |
 #
-# The pointer-array kernel is also twice as slow as the strided one: Triton specialises
-# a kernel on its arguments (a pointer aligned to 16 bytes, a stride divisible by 16
-# give wide vector loads), but addresses and sizes loaded from memory at run time tell
-# the compiler nothing.
+# The pointer-array kernel itself also took twice the strided one's time. A likely
+# cause: Triton specialises a kernel on its arguments (a pointer aligned to 16 bytes, a
+# stride divisible by 16 allow wide vector loads), but addresses and sizes loaded from
+# memory at run time tell the compiler nothing.
 
 # %% [markdown]
 # ## When to use which

@@ -1,19 +1,23 @@
 """Classic bugs of module 03 (tiling and batched GEMM)."""
 from tests.bugs import Bug
 
+# Test cells whose code calls matmul_tile: a bug planted there may fail them too.
+USE_MATMUL_TILE = ("test_matmul", "test_batched_gemm_strided", "test_batched_gemm_ptrs")
+
 BUGS = {
     "k_blocks_overwritten": Bug(
         "tiled_matmul", find="acc += a[", replace="acc = a[", says="acc +="),
     "ragged_tiles_floored": Bug(
         "dram_reads", find="m * k * triton.cdiv(n, tile) + k * n * triton.cdiv(m, tile)",
-        replace="m * k * (n // tile) + k * n * (m // tile)", says="ceil"),
+        replace="m * k * (n // tile) + k * n * (m // tile)", says="ceil",
+        also=("test_compare_dispatch",)),
     "missing_load_mask": Bug(
         "matmul_kernel", find="mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), other=0.0)",
-        replace=")", says="masked"),
+        replace=")", says="masked", also=USE_MATMUL_TILE),
     "fp16_accumulation": Bug(
         "matmul_kernel", find="acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
         replace="acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=a_ptr.dtype.element_ty)",
-        says="fp32"),
+        says="fp32", also=USE_MATMUL_TILE),
     "wrapper_calls_torch": Bug(
         "matmul", find="    matmul_kernel[grid](", replace="    return a @ b\n    matmul_kernel[grid](",
         says="Triton kernel"),
