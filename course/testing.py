@@ -143,6 +143,16 @@ def assert_equal_value(actual, expected, *, name, tol=1e-6, hint=None):
     print(f"ok  {name}")
 
 
+def check_choice(answer, name, options="abcd"):
+    """The form of a multiple-choice answer (one letter); hidden tests judge the letter."""
+    if not isinstance(answer, str):
+        fail(f'{name} should be a string holding one letter, e.g. {name} = "a"; '
+             f"got {type(answer).__name__}")
+    if len(answer.strip()) != 1 or answer.strip().lower() not in options:
+        fail(f"{name} is {answer!r}: answer with one letter among " + ", ".join(f'"{o}"' for o in options))
+    print(f"ok  {name}: one letter (whether it is right is checked when you submit)")
+
+
 def randn(*shape, dtype=torch.float32, device="cpu", seed=None):
     """Fresh random inputs (never zeros), reproducible when a seed is given."""
     g = torch.Generator(device="cpu")

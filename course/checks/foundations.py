@@ -8,9 +8,8 @@ import math
 
 import torch
 
-from course.testing import fail
+from course.testing import check_choice, fail  # noqa: F401  (check_choice: used by the lesson)
 
-CHOICES = ("a", "b", "c", "d")
 
 
 def _number(value, name):
@@ -46,16 +45,6 @@ def _sums_to_one(t, dim, name, what):
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
         fail(f"{name}: {what} should sum to 1 after a softmax, but they sum to "
              f"{[round(float(s), 4) for s in sums.flatten()]}")
-
-
-def check_choice(answer, name):
-    """A multiple-choice answer: one letter, "a" to "d"."""
-    if not isinstance(answer, str):
-        fail(f'{name} should be a string holding one letter, e.g. {name} = "a"; '
-             f"got {type(answer).__name__}")
-    if answer.strip().lower() not in CHOICES:
-        fail(f'{name} is {answer!r}: answer with one letter, "a", "b", "c" or "d"')
-    print(f"ok  {name}: one letter (whether it is right is checked when the quiz is graded)")
 
 
 def check_q01_l2_norm(value):
@@ -126,48 +115,3 @@ def check_q10_fusion(value):
     if value <= 0:
         fail("q10_fusion_bytes_saved should be a positive number of bytes")
     print("ok  q10_fusion_bytes_saved: a positive number (of bytes)")
-
-
-def memory_hierarchy_figure():
-    """The GPU memory hierarchy as boxes: fast and small at the top, large and slow below.
-
-    Figures are approximate, for an H100 SXM (132 SMs).
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyBboxPatch
-
-    fig, ax = plt.subplots(figsize=(9, 5.2))
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 10)
-    ax.axis("off")
-
-    def box(x, y, w, h, color, title, lines):
-        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.05",
-                                    facecolor=color, edgecolor="black"))
-        ax.text(x + w / 2, y + h - 0.2, title, ha="center", va="top", fontsize=9,
-                fontweight="bold")
-        ax.text(x + w / 2, y + h - 0.65, "\n".join(lines), ha="center", va="top", fontsize=8)
-
-    # The chip: SMs (each with registers and SRAM), then L2 shared by all SMs.
-    ax.add_patch(FancyBboxPatch((0.2, 3.1), 9.6, 6.6, boxstyle="round,pad=0.05",
-                                facecolor="none", edgecolor="gray", linestyle="--"))
-    ax.text(9.6, 9.55, "GPU chip (die)", fontsize=9, color="gray", va="top", ha="right")
-    for i, x in enumerate((0.5, 3.6)):
-        ax.add_patch(FancyBboxPatch((x, 5.6), 2.8, 3.7, boxstyle="round,pad=0.05",
-                                    facecolor="#f4f4f4", edgecolor="black"))
-        ax.text(x + 1.4, 9.2, f"SM {i}  (compute units)", ha="center", va="top", fontsize=9)
-        box(x + 0.2, 7.35, 2.4, 1.4, "#c6e5b3", "registers", ["256 KB per SM", "fastest"])
-        box(x + 0.2, 5.8, 2.4, 1.4, "#9fd38a", "SRAM (shared mem / L1)",
-            ["~228 KB per SM", "~33 TB/s, all SMs together"])
-    ax.text(7.6, 7.4, "... 132 SMs", fontsize=11, ha="center")
-    box(0.5, 3.4, 9.0, 1.9, "#ffe29a", "L2 cache", ["~50 MB, shared by all SMs",
-                                                    "between SRAM and HBM in speed"])
-    # Off the chip: HBM stacks, reached through the memory bus.
-    box(0.5, 0.2, 9.0, 2.2, "#f6b3a8", "HBM = DRAM (global memory)",
-        ["80 GB, off the chip (stacks beside it)", "~3.35 TB/s: about 10x slower than SRAM",
-         "holds Q, K, V, O and everything between kernels"])
-    ax.annotate("", xy=(5, 2.45), xytext=(5, 3.35), arrowprops=dict(arrowstyle="<->", lw=2))
-    ax.text(5.15, 2.9, "every DRAM read/write crosses here", fontsize=8, va="center")
-    ax.set_title("GPU memory hierarchy (approximate H100 figures): small and fast at the top")
-    fig.tight_layout()
-    return fig

@@ -3,7 +3,7 @@ with inputs the learner never sees."""
 import torch
 
 from course import DEVICE
-from course.testing import (assert_close, assert_not_trivial, count_launches, explain_nan_from_guards,
+from course.testing import (assert_close, assert_not_trivial, check_choice, count_launches, explain_nan_from_guards,
                             guarded_allocations,
                             fail, forbid_torch, guarded_input, guarded_output, randn)
 
@@ -80,13 +80,6 @@ def check_online_softmax(online_softmax):
     x = torch.linspace(-3, 9, 23) + 0.1 * randn(23, seed=3)
     case_online(online_softmax, x, 5, name="online_softmax(x, block_size=5)")
     case_online(online_softmax, randn(17, seed=4) * 4, 17, name="online_softmax(x, block_size=17)")
-
-
-def check_choice(answer, name="answer", options="abcd"):
-    """Form only: the hidden test knows which letter is right."""
-    if not (isinstance(answer, str) and len(answer.strip()) == 1 and answer.strip().lower() in options):
-        fail(f"{name} should be one letter among {', '.join(options)}, got {answer!r}")
-    print(f"ok  {name} is a valid choice (graded when you submit)")
 
 
 def case_kernel(kernel, n_rows, n_cols, dtype, *, seed, quiet=False):

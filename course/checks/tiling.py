@@ -90,8 +90,8 @@ def case_dram_reads(dram_reads, dram_reads_untiled, m, n, k, tile):
     want = reference_dram_reads(m, n, k, tile)
     if got != want:
         why = {m * k * (n // tile) + k * n * (m // tile):
-               f"you counted full tiles only: a ragged last tile is still read in full, so "
-               f"count tiles with ceil(n / tile) (triton.cdiv), not n // tile",
+               "you counted full tiles only: a ragged last tile is still read in full, so "
+               "count tiles with ceil(n / tile) (triton.cdiv), not n // tile",
                m * k * triton.cdiv(m, tile) + k * n * triton.cdiv(n, tile):
                "A and B are swapped: each element of A is read once per block COLUMN of C "
                "(ceil(n / tile) times), each element of B once per block ROW (ceil(m / tile))",

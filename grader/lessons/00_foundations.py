@@ -196,7 +196,7 @@ load("foundations").test_q05_sram_vs_dram(q05_sram_vs_dram)
 # registers, and write back only the result. That is the whole idea of FlashAttention.
 
 # %% nbgrader={"grade": false, "grade_id": "plot_memory_hierarchy", "locked": true, "schema_version": 3, "solution": false, "task": false}
-checks.memory_hierarchy_figure()
+plots.memory_hierarchy_figure()
 plt.show()
 
 # %% [markdown]
