@@ -23,8 +23,8 @@ def _student_id(name: str) -> str:
 def find_submissions(lesson: str, path) -> dict:
     """{student_id: notebook path} from one .ipynb or a folder of students."""
     path = pathlib.Path(path).resolve()
-    if path.is_file():
-        return {_student_id(path.stem): path}
+    if path.is_file():  # students/alice/01_softmax.ipynb is alice's; alice.ipynb too
+        return {_student_id(path.parent.name if path.stem == lesson else path.stem): path}
     if not path.is_dir():
         raise SystemExit(f"{path} is neither a notebook nor a folder")
     found = {}
