@@ -93,9 +93,10 @@ def autograde(lesson: str, path, timeout=None, json_path=None) -> dict:
         results["students"][student] = record
         try:
             submitted = nbformat.read(notebook, as_version=4)
-        except Exception as error:  # not a notebook at all: zero, but recorded
-            record["notes"].append(f"unreadable notebook: {type(error).__name__}: {error}")
-            continue
+        except Exception as error:  # not a notebook: graded as the blank release (0 points),
+            # so the student still has a row in the gradebook and the export
+            record["notes"].append(f"unreadable notebook, graded as blank: {type(error).__name__}: {error}")
+            submitted = nbformat.from_dict(json.loads(json.dumps(release)))
         restored = restore_missing_test_cells(submitted, release)
         if restored:
             record["notes"].append("test cells deleted and put back: " + ", ".join(restored))

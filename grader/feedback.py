@@ -1,5 +1,16 @@
 """Feedback preprocessing: learners see what failed and why, never hidden code."""
+import textwrap
+
 from nbgrader.preprocessors import NbGraderPreprocessor
+
+
+def _wrapped(text, width=100):
+    """Feedback HTML shows tracebacks unwrapped: wrap long lines, keeping indents."""
+    lines = []
+    for line in text.split("\n"):
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        lines += textwrap.wrap(line, width=width, subsequent_indent=indent) or [""]
+    return "\n".join(lines)
 
 
 class ShortTracebacks(NbGraderPreprocessor):
@@ -13,5 +24,5 @@ class ShortTracebacks(NbGraderPreprocessor):
     def preprocess_cell(self, cell, resources, index):
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                output["traceback"] = [f"{output['ename']}: {output['evalue']}"]
+                output["traceback"] = [_wrapped(f"{output['ename']}: {output['evalue']}")]
         return cell, resources

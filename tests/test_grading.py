@@ -85,6 +85,9 @@ def _run(lesson, work):
         broken = _broken_softmax(lesson) if lesson == "01_softmax" else {}
         for name, (nb, _) in broken.items():
             subs.save(nb, folder, f"broken_{name}", lesson)
+        if broken:  # a file that is not a notebook at all
+            (folder / "broken_not_a_notebook").mkdir()
+            (folder / "broken_not_a_notebook" / f"{lesson}.ipynb").write_text("{ this is not json")
         results = ag.autograde(lesson, folder, timeout=TIMEOUT)
         ag.print_table(results)
         feedback = {html.parent.parent.name: html.read_text() for html in ag.feedback(lesson)}
@@ -119,7 +122,9 @@ def test_every_classic_bug_loses_points_where_it_belongs(graded):
 
 
 def _feedback_text(html):
-    return re.sub(r"<[^>]+>", " ", html).replace("&quot;", '"').replace("&#39;", "'").replace("&amp;", "&")
+    """The words of the feedback page (tags dropped, whitespace and line wraps collapsed)."""
+    text = re.sub(r"<[^>]+>", " ", html).replace("&quot;", '"').replace("&#39;", "'").replace("&amp;", "&")
+    return " ".join(text.split())
 
 
 def test_feedback_names_the_problem_and_hides_hidden_tests(graded):
@@ -142,7 +147,9 @@ def test_broken_submissions_cost_only_their_own_points(grade):
         for test, points in r["tests"].items():
             expected = 0 if lost == "all" or test in lost else points
             assert record["tests"][test] == expected, (name, test, record)
-    # Every student of the run has a score in the exported gradebook, the dead one too.
+    unreadable = r["students"]["broken_not_a_notebook"]
+    assert unreadable["score"] == 0 and any("unreadable" in n for n in unreadable["notes"])
+    # Every student nbgrader saw has a score in the exported gradebook, the dead one too.
     for student in r["students"]:
         assert f",{student}," in graded["csv"], student
     notes = r["students"]["broken_kills_kernel"]["notes"]
