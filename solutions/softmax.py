@@ -1,4 +1,5 @@
 """Module 01, reference solutions: softmax, from the formula to a Triton kernel."""
+import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
 import torch
 import triton
 import triton.language as tl
