@@ -252,8 +252,12 @@ def explain_nan_from_guards(actual, *, name="output"):
 # Proof that a Triton kernel ran, and that PyTorch did not do the work instead.
 
 @contextlib.contextmanager
-def count_launches(kernel):
-    """Count launches of a @triton.jit kernel inside the block: `with count_launches(k) as n:`."""
+def count_launches(kernel, before_launch=None):
+    """Count launches of a @triton.jit kernel inside the block: `with count_launches(k) as n:`.
+
+    before_launch(launch_kwargs, count), if given, runs before each launch and may fail
+    it (e.g. a wrong grid, which under the interpreter would write past a tensor).
+    """
     if not hasattr(kernel, "run"):
         fail(f"{getattr(kernel, '__name__', kernel)!r} is not a @triton.jit kernel")
     counter = [0]
@@ -261,6 +265,8 @@ def count_launches(kernel):
 
     def counting_run(*args, **kwargs):
         counter[0] += 1
+        if before_launch is not None:
+            before_launch(kwargs, counter[0])
         return original(*args, **kwargs)
 
     kernel.run = counting_run

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from solutions import flash_tuned
 from solutions.flash_forward import LOG2E, check_attention_inputs, default_scale, dot_precision
+from solutions.naive_attention import attention_scores, repeat_kv
 
 LOG2E_C = tl.constexpr(LOG2E)  # the same constant, usable inside kernels
 
@@ -48,12 +49,8 @@ def attention_backward_reference(q, k, v, o, do, lse, causal=False, sm_scale=Non
     scale = default_scale(sm_scale, D)
     group = H // Hkv
     q64, do64, o64 = q.double(), do.double(), o.double()
-    k64 = k.double().repeat_interleave(group, dim=1)
-    v64 = v.double().repeat_interleave(group, dim=1)
-    s = scale * q64 @ k64.transpose(-1, -2)
-    if causal:
-        future = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).triu(1)
-        s = s.masked_fill(future, float("-inf"))
+    k64, v64 = repeat_kv(k.double(), H), repeat_kv(v.double(), H)
+    s = attention_scores(q64, k64, causal, scale)
     p = torch.exp(s - lse.double()[..., None])           # softmax, without re-normalising
     dv = p.transpose(-1, -2) @ do64
     dp = do64 @ v64.transpose(-1, -2)

@@ -18,18 +18,26 @@ def repeat_kv(x, heads):
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
+def causal_future(n_q, n_k, device):
+    """True where key j is in the future of query i (j > i), top-left aligned like torch's
+    SDPA is_causal, for any n_q and n_k."""
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).triu(1)
+
+
+def attention_scores(q, k, causal=False, sm_scale=None):
+    """S = Q K^T * scale, -inf in the future when causal, in q's dtype; K may have fewer
+    heads than Q (GQA)."""
+    s = q @ repeat_kv(k, q.shape[1]).transpose(-1, -2) * default_scale(sm_scale, q.shape[-1])
+    if causal:
+        s = s.masked_fill(causal_future(s.shape[-2], s.shape[-1], q.device), float("-inf"))
+    return s
+
+
 def attention_reference(q, k, v, causal=False, sm_scale=None):
     """softmax(Q K^T * scale + mask) V, in the dtype of q (use float64 inputs for a
     high-precision reference). Causal is top-left aligned like torch's SDPA is_causal:
     query i sees keys j <= i. K/V may have fewer heads than Q (GQA)."""
-    H, D = q.shape[1], q.shape[-1]
-    k, v = repeat_kv(k, H), repeat_kv(v, H)
-    s = q @ k.transpose(-1, -2) * default_scale(sm_scale, D)
-    if causal:
-        Nq, Nk = s.shape[-2:]
-        future = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).triu(1)
-        s = s.masked_fill(future, float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
+    return torch.softmax(attention_scores(q, k, causal, sm_scale), dim=-1) @ repeat_kv(v, q.shape[1])
 
 
 def naive_attention(q, k, v, causal=False, sm_scale=None):
@@ -42,8 +50,7 @@ def naive_attention(q, k, v, causal=False, sm_scale=None):
     s = batched_gemm_strided(q, k, True).float()  # [B, H, Nq, Nk]: Theta(N^2) bytes
     s.mul_(default_scale(sm_scale, D))
     if causal:
-        future = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).triu(1)
-        s.masked_fill_(future, float("-inf"))  # top-left aligned: row i sees keys j <= i
+        s.masked_fill_(causal_future(Nq, Nk, q.device), float("-inf"))
     p = softmax(s.view(B * H * Nq, Nk))
     del s
     return batched_gemm_strided(p.view(B, H, Nq, Nk).to(q.dtype), v, False)

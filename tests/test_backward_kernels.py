@@ -11,8 +11,9 @@ import course  # noqa: F401  (picks GPU or interpreter before triton is imported
 import pytest
 import torch
 
-from course.testing import CheckFailed, assert_close, count_launches, guarded_input
+from course.testing import CheckFailed, assert_close, count_launches, guarded_input, randn
 from solutions import flash_backward as fb
+from solutions.naive_attention import attention_reference, attention_scores
 
 DEVICE = course.DEVICE
 ON_GPU = DEVICE == "cuda"
@@ -22,23 +23,10 @@ def fresh_seed():
     return random.randrange(2**31)
 
 
-def rand(*shape, dtype=torch.float32, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(DEVICE, dtype)
-
-
 def reference(q, k, v, do, causal, sm_scale=None):
     """(o, dq, dk, dv) by float64 autograd through plain attention (GQA by repetition)."""
-    H, Hkv, D = q.shape[1], k.shape[1], q.shape[-1]
-    scale = D ** -0.5 if sm_scale is None else sm_scale
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    kk = k64.repeat_interleave(H // Hkv, dim=1)
-    vv = v64.repeat_interleave(H // Hkv, dim=1)
-    s = scale * q64 @ kk.transpose(-1, -2)
-    if causal:  # top-left aligned: query i sees keys j <= i
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1),
-                          float("-inf"))
-    o = s.softmax(-1) @ vv
+    o = attention_reference(q64, k64, v64, causal, sm_scale)
     o.backward(do.double())
     return o.detach(), q64.grad, k64.grad, v64.grad
 
@@ -88,10 +76,10 @@ SHAPES = {
 def test_gradients_match_float64_autograd(shape, causal, fused, dtype):
     B, H, Hkv, Nq, Nk, D = shape
     seed = fresh_seed()
-    q = rand(B, H, Nq, D, dtype=dtype, seed=seed)
-    k = rand(B, Hkv, Nk, D, dtype=dtype, seed=seed + 1)
-    v = rand(B, Hkv, Nk, D, dtype=dtype, seed=seed + 2)
-    do = rand(B, H, Nq, D, dtype=dtype, seed=seed + 3)
+    q = randn(B, H, Nq, D, dtype=dtype, device=DEVICE, seed=seed)
+    k = randn(B, Hkv, Nk, D, dtype=dtype, device=DEVICE, seed=seed + 1)
+    v = randn(B, Hkv, Nk, D, dtype=dtype, device=DEVICE, seed=seed + 2)
+    do = randn(B, H, Nq, D, dtype=dtype, device=DEVICE, seed=seed + 3)
     o, *grads = run_backward(q, k, v, do, causal, fused)
     o_ref, *refs = reference(q, k, v, do, causal)
     label = f"seed={seed} shape={shape} causal={causal} fused={fused}"
@@ -106,10 +94,10 @@ def test_non_contiguous_inputs_and_grad_output(fused):
     a dO with its own odd strides: the kernels must follow strides, not assume them."""
     B, H, Hkv, Nq, Nk, D = 2, 2, 2, 70, 45, 32
     seed = fresh_seed()
-    q = rand(B, Nq, H, D, seed=seed).transpose(1, 2)
-    k = rand(B, Nk, Hkv, D, seed=seed + 1).transpose(1, 2)
-    v = rand(B, Hkv, D, Nk, seed=seed + 2).transpose(2, 3)  # head dim not the fastest axis
-    do = rand(B, Nq, 2 * D, H, seed=seed + 3)[:, :, ::2].permute(0, 3, 1, 2)
+    q = randn(B, Nq, H, D, device=DEVICE, seed=seed).transpose(1, 2)
+    k = randn(B, Nk, Hkv, D, device=DEVICE, seed=seed + 1).transpose(1, 2)
+    v = randn(B, Hkv, D, Nk, device=DEVICE, seed=seed + 2).transpose(2, 3)  # head dim not the fastest axis
+    do = randn(B, Nq, 2 * D, H, device=DEVICE, seed=seed + 3)[:, :, ::2].permute(0, 3, 1, 2)
     assert not any(t.is_contiguous() for t in (q, k, v, do))
     _, *grads = run_backward(q, k, v, do, True, fused)
     _, *refs = reference(q, k, v, do, True)
@@ -131,7 +119,7 @@ def test_no_reads_past_the_inputs(fused):
     """Inputs framed by NaN in memory: a load past a ragged tail would show as NaN."""
     B, H, Hkv, Nq, Nk, D = 1, 2, 2, 45, 53, 40
     seed = fresh_seed()
-    q, k, v, do = (guarded_input(rand(B, h, n, D, seed=seed + i))
+    q, k, v, do = (guarded_input(randn(B, h, n, D, device=DEVICE, seed=seed + i))
                    for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)]))
     o, lse = fb.flash_attention(q, k, v)
     grads = fb.flash_attention_backward(q, k, v, guarded_input(o), lse, do, fused=fused)
@@ -143,7 +131,7 @@ def test_custom_scale_reaches_dq_and_dk():
     """sm_scale is used in P and again on dQ and dK (dS = d(scale * Q K^T))."""
     B, H, Hkv, Nq, Nk, D = 1, 2, 2, 50, 40, 32
     seed = fresh_seed()
-    q, k, v, do = (rand(B, h, n, D, seed=seed + i)
+    q, k, v, do = (randn(B, h, n, D, device=DEVICE, seed=seed + i)
                    for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)]))
     for fused in (False, True):
         _, *grads = run_backward(q, k, v, do, False, fused, sm_scale=0.3)
@@ -156,15 +144,11 @@ def test_reference_derivation_matches_autograd():
     for (B, H, Hkv, Nq, Nk, D), causal in [((2, 4, 2, 13, 9, 16), True), ((1, 3, 1, 7, 11, 20), False),
                                            ((1, 2, 2, 16, 16, 16), True)]:
         seed = fresh_seed()
-        q, k, v, do = (rand(B, h, n, D, seed=seed + i)
+        q, k, v, do = (randn(B, h, n, D, device=DEVICE, seed=seed + i)
                        for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)]))
         o, *refs = reference(q, k, v, do, causal)
-        q, k = q.double(), k.double()
-        s = (q @ k.repeat_interleave(H // Hkv, 1).transpose(-1, -2)) * D ** -0.5
-        if causal:
-            s = s.masked_fill(torch.ones(Nq, Nk, dtype=torch.bool).to(DEVICE).triu(1), float("-inf"))
-        lse = s.logsumexp(-1).float()
-        grads = fb.attention_backward_reference(q.float(), k.float(), v, o.float(), do, lse, causal)
+        lse = attention_scores(q.double(), k.double(), causal).logsumexp(-1).float()
+        grads = fb.attention_backward_reference(q, k, v, o.float(), do, lse, causal)
         for name, got, want in zip(("dq", "dk", "dv"), grads, refs):
             assert_close(got, want, name=f"reference {name} (seed={seed})", atol=1e-5, rtol=1e-5,
                          quiet=True)
@@ -174,7 +158,7 @@ def test_reference_derivation_matches_autograd():
 # The checks above must fail on the module's classic mistakes.
 
 def _inputs(seed, B=1, H=2, Hkv=2, Nq=40, Nk=40, D=32):
-    return [rand(B, h, n, D, seed=seed + i)
+    return [randn(B, h, n, D, device=DEVICE, seed=seed + i)
             for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)])]
 
 
@@ -251,7 +235,7 @@ def test_bad_inputs_raise_clear_errors():
 def test_bf16_on_gpu(causal, fused):
     B, H, Hkv, Nq, Nk, D = 2, 4, 2, 300, 257, 128
     seed = fresh_seed()
-    q, k, v, do = (rand(B, h, n, D, dtype=torch.bfloat16, seed=seed + i)
+    q, k, v, do = (randn(B, h, n, D, dtype=torch.bfloat16, device=DEVICE, seed=seed + i)
                    for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)]))
     _, *grads = run_backward(q, k, v, do, causal, fused)
     _, *refs = reference(q, k, v, do, causal)

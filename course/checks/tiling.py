@@ -228,28 +228,19 @@ def one_launch(kernel, expected_grid, *, name):
     The grid is checked before the kernel runs: programs past the end of a tensor would
     write past it, which the interpreter does not stop (it corrupts memory or crashes).
     """
-    if not hasattr(kernel, "run"):
-        fail(f"{getattr(kernel, '__name__', kernel)!r} is not a @triton.jit kernel")
     kernel_name = getattr(kernel, "__name__", "the kernel")
-    launches = []
-    original = kernel.run
 
-    def checked_run(*args, **kwargs):
-        launches.append(kwargs)
-        if len(launches) > 1:
+    def check(launch, count):
+        if count > 1:
             fail(f"{name}: {kernel_name} was launched more than once; one launch must cover "
                  "every (batch, head) pair")
-        grid, (want, layout) = _grid(kwargs), expected_grid(kwargs)
+        grid, (want, layout) = _grid(launch), expected_grid(launch)
         if grid != want:
             fail(f"{name}: the grid is {grid}; expected {layout} = {want}")
-        return original(*args, **kwargs)
 
-    kernel.run = checked_run
-    try:
+    with count_launches(kernel, before_launch=check) as launches:
         yield
-    finally:
-        del kernel.run
-    if not launches:
+    if not launches[0]:
         fail(f"{name}: {kernel_name} was never launched; the wrapper must launch it")
 
 
