@@ -132,17 +132,6 @@ def assert_not_trivial(actual, *, name="output"):
              "really computing anything?")
 
 
-def assert_equal_value(actual, expected, *, name, tol=1e-6, hint=None):
-    """A scalar answer (a number or a 0-d tensor) equal to the expected one."""
-    try:
-        value = float(actual)
-    except (TypeError, ValueError):
-        fail(f"{name} should be a number, got {actual!r}")
-    if not math.isclose(value, float(expected), rel_tol=tol, abs_tol=tol):
-        fail(f"{name} is {value:g}, which is not right." + (f"\n  hint: {hint}" if hint else ""))
-    print(f"ok  {name}")
-
-
 def check_choice(answer, name, options="abcd"):
     """The form of a multiple-choice answer (one letter); hidden tests judge the letter."""
     if not isinstance(answer, str):

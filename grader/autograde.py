@@ -12,7 +12,8 @@ import time
 import nbformat
 
 from grader import paths
-from grader.build import source_notebook, write_notebook
+from grader import build
+from grader.build import write_notebook
 from grader.nbgrader_setup import DEFAULT_TIMEOUT, api as make_api
 
 
@@ -69,21 +70,11 @@ def restore_missing_test_cells(submitted, release):
     return restored
 
 
-def prepare(lesson: str, api):
-    """Make sure the lesson's source is current and registered in the gradebook."""
-    target = paths.COURSE / "source" / lesson / f"{lesson}.ipynb"
-    write_notebook(source_notebook(lesson), target)
-    result = api.generate_assignment(lesson, force=True, create=True)
-    if not result["success"]:
-        raise SystemExit(f"could not prepare {lesson}:\n{result.get('error') or result.get('log')}")
-    return nbformat.read(paths.COURSE / "release" / lesson / f"{lesson}.ipynb", as_version=4)
-
-
 def autograde(lesson: str, path, timeout=None, json_path=None) -> dict:
     """Grade every submission found at `path`; return (and save) per-test results."""
     paths.lesson_path(lesson)
     api = make_api(timeout or DEFAULT_TIMEOUT)
-    release = prepare(lesson, api)
+    release = build.release(lesson, api)
     tests = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"]
              for c in _grade_cells(release)}
     results = {"lesson": lesson, "max_score": sum(tests.values()), "tests": tests, "students": {}}

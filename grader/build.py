@@ -5,7 +5,6 @@ See ARCHITECTURE.md. The only inputs are grader/lessons/NN_topic.py and solution
 import ast
 import json
 import re
-import shutil
 
 import jupytext
 import nbformat
@@ -100,25 +99,26 @@ def write_notebook(nb, path):
     path.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
 
 
+def release(name: str, api) -> nbformat.NotebookNode:
+    """Write the instructor source, let nbgrader generate the student release (and record
+    the grade cells in the gradebook), and return the release."""
+    write_notebook(source_notebook(name), paths.COURSE / "source" / name / f"{name}.ipynb")
+    result = api.generate_assignment(name, force=True, create=True)
+    if not result["success"]:
+        raise SystemExit(f"nbgrader generate_assignment {name} failed:\n"
+                         f"{result.get('error') or result.get('log')}")
+    return nbformat.read(paths.COURSE / "release" / name / f"{name}.ipynb", as_version=4)
+
+
 def build(names=None, modules_dir=None):
-    """Write the nbgrader sources, generate the releases, copy them to modules/."""
+    """Generate the releases and copy them to modules/ (or modules_dir)."""
     from grader.nbgrader_setup import api as make_api
 
     names = names or paths.lesson_names()
     modules_dir = modules_dir or paths.MODULES
     api = make_api()
     for name in names:
-        write_notebook(source_notebook(name), paths.COURSE / "source" / name / f"{name}.ipynb")
-        result = api.generate_assignment(name, force=True, create=True)
-        if not result["success"]:
-            raise SystemExit(f"nbgrader generate_assignment {name} failed:\n{result.get('error') or result.get('log')}")
-        release = nbformat.read(paths.COURSE / "release" / name / f"{name}.ipynb", as_version=4)
         target = modules_dir / name / f"{name}.ipynb"
-        write_notebook(release, target)
-        print(f"built {target.relative_to(modules_dir.parent) if modules_dir.parent in target.parents else target}")
+        write_notebook(release(name, api), target)
+        print(f"built {target}")
     return names
-
-
-def clean_course_dir():
-    """Forget every build and submission (the gradebook included)."""
-    shutil.rmtree(paths.COURSE, ignore_errors=True)
