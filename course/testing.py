@@ -265,6 +265,21 @@ def count_launches(kernel, before_launch=None):
         del kernel.run  # back to the class's method
 
 
+def run_wrapper(wrapper, kernel, *args, forbid, name, launches=None, hint="", **kwargs):
+    """Call a learner's wrapper the way every check does: PyTorch's own version of the work
+    (`forbid`, see forbid_torch) raises, its allocations are guarded, and `kernel` must be
+    launched (exactly `launches` times, if given). Returns the wrapper's output."""
+    with count_launches(kernel) as count, forbid_torch(forbid), guarded_allocations():
+        out = wrapper(*args, **kwargs)
+    kernel_name = getattr(kernel, "__name__", "the kernel")
+    if count[0] == 0:
+        fail(f"{name}: {kernel_name} was never launched; the wrapper must launch it")
+    if launches is not None and count[0] != launches:
+        fail(f"{name}: {kernel_name} was launched {count[0]} times, expected {launches}"
+             + (f": {hint}" if hint else ""))
+    return out
+
+
 @contextlib.contextmanager
 def forbid_torch(*names):
     """Make PyTorch functions raise inside the block (e.g. "softmax", "matmul")."""

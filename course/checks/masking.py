@@ -10,9 +10,8 @@ import torch
 import triton
 
 from course import DEVICE
-from course.testing import (assert_close, assert_not_trivial, count_launches, explain_nan_from_guards,
-                            fail, forbid_torch, guarded_allocations, guarded_input, guarded_output,
-                            randn)
+from course.testing import (assert_close, assert_not_trivial, explain_nan_from_guards, fail,
+                            guarded_input, guarded_output, randn, run_wrapper)
 
 QUERY_KEY = ("query i", "key j")
 NEG_INF = float("-inf")
@@ -303,11 +302,7 @@ def check_masked_softmax_kernel(kernel):
 def case_wrapper(fn, kernel, scores, *, causal, lengths=None, name, quiet=False):
     """fn(scores, ...) through the learner's kernel, PyTorch's softmax forbidden."""
     kwargs = {} if causal is None else {"causal": causal}  # None: rely on the default (True)
-    # Guarded allocations: a stray store fails the check instead of killing the kernel.
-    with count_launches(kernel) as launches, forbid_torch("softmax"), guarded_allocations():
-        out = fn(scores, lengths=lengths, **kwargs)
-    if launches[0] == 0:
-        fail(f"{name}: masked_softmax_kernel was never launched; the wrapper must launch it")
+    out = run_wrapper(fn, kernel, scores, lengths=lengths, forbid="softmax", name=name, **kwargs)
     x = scores if scores.dim() == 3 else scores[None]
     visible = visible_keys(x.shape[1], x.shape[2], causal=causal is not False, lengths=lengths,
                            device=scores.device)

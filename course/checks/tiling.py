@@ -7,8 +7,9 @@ import triton
 
 from course import DEVICE, INTERPRET
 from course.gpu_compile import compile_for_gpu
-from course.testing import (assert_close, assert_not_trivial, count_launches, explain_nan_from_guards,
-                            fail, forbid_torch, guarded_input, guarded_output, randn)
+from course.testing import (assert_close, assert_not_trivial, count_launches,
+                            explain_nan_from_guards, fail, forbid_torch, guarded_input,
+                            guarded_output, randn, run_wrapper)
 
 BLOCK = 32          # block sizes the checks launch a learner's matmul_kernel with
 UNWRITTEN = -1024.0  # fills outputs before a launch: entries still equal to it were never stored
@@ -167,11 +168,8 @@ def check_matmul_kernel(matmul_kernel):
 
 
 def case_matmul(matmul, kernel, a, b, *, name, quiet=False):
-    with count_launches(kernel) as launches, forbid_torch("matmul"):
-        out = matmul(a, b)
-    if launches[0] != 1:
-        fail(f"{name}: matmul_kernel was launched {launches[0]} times; one launch on a grid "
-             "of (row tiles, column tiles) computes the whole product")
+    out = run_wrapper(matmul, kernel, a, b, forbid="matmul", name=name, launches=1,
+                      hint="one launch on a grid of (row tiles, column tiles) computes the whole product")
     assert_close(out, a.double() @ b.double(), name=name, dim_names=ROW_COL, quiet=quiet)
     _check_dtype(out, a.dtype, name)
 
