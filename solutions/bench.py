@@ -6,10 +6,14 @@
 For each case (dtype, head dim D, sequence length N with B*N = 16384, H = 16, causal or
 not, forward or forward+backward) it checks each of our kernels against SDPA once, then
 times every implementation with triton.testing.do_bench (median, after warm-up) and
-records the peak memory the call adds over what was allocated before it.
+records the peak memory the call adds over what was allocated before it. Each is timed
+twice: called from Python as a user would (eager), and replayed from a CUDA graph
+captured around the same call (graph), which leaves out the host's launch overhead.
+At N = 1024 the eager step of a Python-launched kernel can be set by that overhead
+(solutions/PERF.md): the two columns say which of host and GPU bounds a result.
 TFLOPS count 4*B*H*N^2*D for the forward (half when causal) and 3.5x that for
 forward+backward (the backward does 2.5x the forward's matmul work).
-Writes bench.csv, tflops.png and memory.png to --out (default: bench_out).
+Writes bench.csv, tflops.png, tflops_graph.png and memory.png to --out (default: bench_out).
 """
 import argparse
 import csv
@@ -19,7 +23,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-FIELDS = ["dtype", "D", "N", "B", "H", "causal", "mode", "impl", "ms", "tflops", "peak_mib", "status"]
+FIELDS = ["dtype", "D", "N", "B", "H", "causal", "mode", "impl", "ms", "tflops", "peak_mib",
+          "graph_ms", "graph_tflops", "status"]
 IMPLS = ["teaching", "tuned", "naive", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"]
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
@@ -111,6 +116,29 @@ def _measure(step, grads):
     return ms, peak
 
 
+def _graph_ms(step, grads):
+    """Median time (ms) of the step replayed from a CUDA graph: the GPU's work alone."""
+    import triton
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
+        for _ in range(2):
+            for t in grads:
+                t.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in grads:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    del graph
+    for t in grads:
+        t.grad = None
+    return ms
+
+
 def run_case(case):
     """All implementations on one case; returns one row per implementation."""
     B, H, N, D, causal, mode = case["B"], case["H"], case["N"], case["D"], case["causal"], case["mode"]
@@ -137,7 +165,8 @@ def run_case(case):
     rows = []
     for name in IMPLS:
         row = {**case, "dtype": str(case["dtype"]).replace("torch.", ""), "impl": name,
-               "ms": "", "tflops": "", "peak_mib": "", "status": "ok"}
+               "ms": "", "tflops": "", "peak_mib": "", "graph_ms": "", "graph_tflops": "",
+               "status": "ok"}
         fn = fns[name]
         try:
             if fn is None:
@@ -147,6 +176,11 @@ def run_case(case):
                 ms, peak = _measure(_step(fn, q, k, v, causal, do), grads)
                 row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", peak_mib=f"{peak:.1f}")
                 row["status"] = wrong or "ok"
+                try:
+                    gms = _graph_ms(_step(fn, q, k, v, causal, do), grads)
+                    row.update(graph_ms=f"{gms:.4f}", graph_tflops=f"{flops / gms / 1e9:.1f}")
+                except RuntimeError as e:  # a call that cannot be captured keeps its eager row
+                    print(f"{name}: no graph timing ({str(e).splitlines()[0][:80]})", file=sys.stderr)
         except torch.cuda.OutOfMemoryError:
             row["status"] = "n/a (out of memory)"
         except RuntimeError as e:  # e.g. an SDPA backend that does not take this case
@@ -160,7 +194,7 @@ def _cell(rows, impl, field):
     row = next(r for r in rows if r["impl"] == impl)
     if row["status"] != "ok" and not row["status"].startswith("WRONG"):
         return "n/a"
-    return row[field] + ("!" if row["status"] != "ok" else "")
+    return row.get(field, "") + ("!" if row["status"] != "ok" else "")
 
 
 def print_table(all_rows):
@@ -169,8 +203,9 @@ def print_table(all_rows):
              "sdpa-cudnn": "cuDNN", "sdpa-efficient": "eff"}
     head = (f"{'dtype':5} {'mode':7} {'c':1} {'D':>3} {'N':>5} | "
             + " ".join(f"{short[i]:>6}" for i in IMPLS)
-            + " | t/FA2 t/cuD t/eff | mem MiB: tuned   FA2 cuDNN  naive")
-    print("\nTFLOPS (median); '!' = failed the check against SDPA; t/X = tuned over X")
+            + " | t/FA2 t/cuD t/eff | graph: t/FA2 t/cuD | mem MiB: tuned   FA2 cuDNN  naive")
+    print("\nTFLOPS (median, eager); '!' = failed the check against SDPA; t/X = tuned over X;"
+          " graph: the same ratios from CUDA-graph replays (GPU time alone)")
     print(head)
     print("-" * len(head))
     keys = []
@@ -181,10 +216,11 @@ def print_table(all_rows):
     for key in keys:
         rows = [r for r in all_rows if (r["dtype"], r["mode"], r["causal"], r["D"], r["N"]) == key]
         tf = {i: _cell(rows, i, "tflops") for i in IMPLS}
+        gtf = {i: _cell(rows, i, "graph_tflops") for i in IMPLS}
 
-        def ratio(other):
+        def ratio(other, table=tf):
             try:
-                return f"{float(tf['tuned'].rstrip('!')) / float(tf[other].rstrip('!')):5.2f}"
+                return f"{float(table['tuned'].rstrip('!')) / float(table[other].rstrip('!')):5.2f}"
             except ValueError:
                 return "  n/a"
         mem = {i: _cell(rows, i, "peak_mib") for i in ("tuned", "sdpa-flash", "sdpa-cudnn", "naive")}
@@ -192,6 +228,7 @@ def print_table(all_rows):
         print(f"{SHORT_DTYPE.get(dtype, dtype):5} {mode:7} {'y' if str(causal) == 'True' else 'n'} {d:>3} {n:>5} | "
               + " ".join(f"{tf[i]:>6}" for i in IMPLS)
               + f" | {ratio('sdpa-flash')} {ratio('sdpa-cudnn')} {ratio('sdpa-efficient')} |"
+              + f"        {ratio('sdpa-flash', gtf)} {ratio('sdpa-cudnn', gtf)} |"
               + f"          {mem['tuned']:>6} {mem['sdpa-flash']:>5} {mem['sdpa-cudnn']:>5} {mem['naive']:>6}")
 
 
@@ -201,7 +238,11 @@ def plot(all_rows, out):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     panels = sorted({(r["mode"], str(r["causal"]), r["dtype"], int(r["D"])) for r in all_rows})
-    for field, label, name in (("tflops", "TFLOPS", "tflops.png"), ("peak_mib", "peak MiB", "memory.png")):
+    for field, label, name in (("tflops", "TFLOPS (eager)", "tflops.png"),
+                               ("graph_tflops", "TFLOPS (CUDA graph)", "tflops_graph.png"),
+                               ("peak_mib", "peak MiB", "memory.png")):
+        if not any(r.get(field) for r in all_rows):
+            continue  # e.g. a CSV from before graph timings
         cols = min(4, len(panels))
         nrows = (len(panels) + cols - 1) // cols
         fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
@@ -210,7 +251,7 @@ def plot(all_rows, out):
             for impl in IMPLS:
                 pts = [(int(r["N"]), float(r[field])) for r in all_rows
                        if (r["mode"], str(r["causal"]), r["dtype"], int(r["D"])) == panel
-                       and r["impl"] == impl and r[field] not in ("", None)]
+                       and r["impl"] == impl and r.get(field) not in ("", None)]
                 if pts:  # one colour per implementation in every panel
                     ax.plot(*zip(*sorted(pts)), marker="o", label=impl, color=f"C{IMPLS.index(impl)}")
             ax.set_xscale("log", base=2)

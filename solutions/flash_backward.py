@@ -4,12 +4,15 @@ Read it in this order:
 1. `attention_backward_reference`: the gradients of attention in plain PyTorch, the
    formulas every kernel below implements.
 2. `bwd_preprocess_kernel`: delta = rowsum(dO * O), one fp32 number per query row.
+   (The unfused path computes the same rows inside `bwd_dq_kernel`, launched first:
+   one launch fewer, which matters at short sequences.)
 3. `bwd_dkdv_kernel`: one program per KV block; it keeps its K and V tiles on chip and
    walks over the query blocks (of every query head of its GQA group), accumulating dK
    and dV. With FUSED_DQ it also adds each block's share of dQ into an fp32 buffer with
    atomics, so no second kernel has to recompute P.
 4. `bwd_dq_kernel`: the unfused alternative: one program per query block walks the KV
-   blocks and owns its dQ rows outright (no atomics, but P and dP are recomputed).
+   blocks and owns its dQ rows outright (no atomics, but P and dP are recomputed). It
+   runs before the dK/dV kernel and stores delta for it.
 5. `FlashAttentionFunction` and `flash_attention`: the autograd glue around the tuned
    forward of `solutions/flash_tuned.py`.
 
@@ -29,6 +32,7 @@ import triton
 import triton.language as tl
 
 from solutions import flash_tuned
+from solutions.flash_tuned import launch_tuned
 from solutions.flash_forward import LOG2E, check_attention_inputs, default_scale, dot_precision
 from solutions.naive_attention import attention_scores, repeat_kv
 
@@ -64,38 +68,16 @@ def attention_backward_reference(q, k, v, o, do, lse, causal=False, sm_scale=Non
 
 
 # ---------------------------------------------------------------------------------------
-# Triton kernels. Every tensor is reached through its strides (any layout, no copies);
-# lse and delta are contiguous [B, H, Nq] fp32.
+# Triton kernels. q, k and v are reached through their strides (any layout whose head_dim
+# is contiguous: no copies); o, dO, the gradients, lse and delta are contiguous buffers,
+# indexed by shape (see `_backward`).
 
 @triton.jit
-def bwd_preprocess_kernel(
-    O, DO, DELTA,
-    stride_ob, stride_oh, stride_on, stride_od,
-    stride_dob, stride_doh, stride_don, stride_dod,
-    H, N_Q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)  # int64: batch offsets of large tensors pass 2**31
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(O + b * stride_ob + h * stride_oh
-                + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od, mask=mask, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh
-                 + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
-    # delta_i = sum_j P_ij dP_ij = dO_i . O_i: one dot per row instead of an N-long sum.
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(DELTA + pid_bh * N_Q + offs_m, delta, mask=offs_m < N_Q)
-
-
-@triton.jit
-def _load_rows(base, offs_rows, stride_rows, offs_d, stride_d, n_rows,
+def _load_rows(base, offs_rows, stride_rows, offs_d, n_rows,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr):
-    """A [rows, BLOCK_D] tile, zero outside the tensor. Masks only where needed."""
-    ptrs = base + offs_rows[:, None] * stride_rows + offs_d[None, :] * stride_d
+    """A [rows, BLOCK_D] tile (head_dim contiguous), zero outside the tensor. Masks only
+    where needed."""
+    ptrs = base + offs_rows[:, None] * stride_rows + offs_d[None, :]
     if CHECK_ROWS:
         mask = offs_rows[:, None] < n_rows
         if BLOCK_D != HEAD_DIM:
@@ -108,9 +90,30 @@ def _load_rows(base, offs_rows, stride_rows, offs_d, stride_d, n_rows,
 
 
 @triton.jit
+def _row_delta(o, do):
+    # delta_i = sum_j P_ij dP_ij = dO_i . O_i: one dot per row instead of an N-long sum.
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+
+
+@triton.jit
+def bwd_preprocess_kernel(
+    O, DO, DELTA, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """delta for BLOCK_M rows of one (batch, head). The unfused path computes delta in
+    the dQ kernel instead (one launch fewer); the fused one needs it before dK/dV."""
+    pid_m = tl.program_id(0)
+    rows = tl.program_id(1).to(tl.int64) * N_Q  # first row of this (batch, head)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = _load_rows(O + rows * HEAD_DIM, offs_m, HEAD_DIM, offs_d, N_Q, HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(DO + rows * HEAD_DIM, offs_m, HEAD_DIM, offs_d, N_Q, HEAD_DIM, BLOCK_D, True)
+    tl.store(DELTA + rows + offs_m, _row_delta(o, do), mask=offs_m < N_Q)
+
+
+@triton.jit
 def _dkdv_q_blocks(
-    dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
-    stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+    dk, dv, k, v, Q, DO, LSE, DELTA, DQ, stride_qn,
     offs_n, offs_d, lo, hi, N_Q, N_K, qk_scale, sm_scale,
     MASK: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -126,8 +129,8 @@ def _dkdv_q_blocks(
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
-        q = _load_rows(Q, offs_m, stride_qn, offs_d, stride_qd, N_Q, HEAD_DIM, BLOCK_D, MASK)
-        do = _load_rows(DO, offs_m, stride_don, offs_d, stride_dod, N_Q, HEAD_DIM, BLOCK_D, MASK)
+        q = _load_rows(Q, offs_m, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASK)
+        do = _load_rows(DO, offs_m, HEAD_DIM, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASK)
         if MASK:
             lse = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0)
             delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
@@ -151,7 +154,7 @@ def _dkdv_q_blocks(
             # Every KV block adds its part of dQ = scale * dS K: several programs write the
             # same rows at once, so the adds must be atomic (fp32 buffer).
             dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * sm_scale
-            dq_ptrs = DQ + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
+            dq_ptrs = DQ + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
             dq_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
             tl.atomic_add(dq_ptrs, dq, mask=dq_mask, sem="relaxed")
     return dk, dv
@@ -160,13 +163,9 @@ def _dkdv_q_blocks(
 @triton.jit(do_not_specialize=["N_Q", "N_K"])  # lengths only bound loops and masks
 def bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_don, stride_dod,
-    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
     H, H_KV, N_Q, N_K, sm_scale,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -180,9 +179,9 @@ def bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
-    k = _load_rows(K + b * stride_kb + h_kv * stride_kh, offs_n, stride_kn, offs_d, stride_kd,
+    k = _load_rows(K + b * stride_kb + h_kv * stride_kh, offs_n, stride_kn, offs_d,
                    N_K, HEAD_DIM, BLOCK_D, True)
-    v = _load_rows(V + b * stride_vb + h_kv * stride_vh, offs_n, stride_vn, offs_d, stride_vd,
+    v = _load_rows(V + b * stride_vb + h_kv * stride_vh, offs_n, stride_vn, offs_d,
                    N_K, HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -208,38 +207,32 @@ def bwd_dkdv_kernel(
     for g in range(GROUP):
         h = h_kv * GROUP + g
         q_base = Q + b * stride_qb + h * stride_qh
-        do_base = DO + b * stride_dob + h * stride_doh
-        dq_base = DQ + b * stride_dqb + h * stride_dqh
-        row = (b * H + h) * N_Q
+        rows = (b * H + h) * N_Q       # first row of this head in dO, dQ, lse and delta
+        do_base = DO + rows * HEAD_DIM
+        dq_base = DQ + rows * HEAD_DIM
         dk, dv = _dkdv_q_blocks(
-            dk, dv, k, v, q_base, do_base, LSE + row, DELTA + row, dq_base,
-            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            dk, dv, k, v, q_base, do_base, LSE + rows, DELTA + rows, dq_base, stride_qn,
             offs_n, offs_d, lo, diag_end, N_Q, N_K, qk_scale, sm_scale,
             True, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
         dk, dv = _dkdv_q_blocks(
-            dk, dv, k, v, q_base, do_base, LSE + row, DELTA + row, dq_base,
-            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            dk, dv, k, v, q_base, do_base, LSE + rows, DELTA + rows, dq_base, stride_qn,
             offs_n, offs_d, diag_end, full_end, N_Q, N_K, qk_scale, sm_scale,
             False, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
         dk, dv = _dkdv_q_blocks(
-            dk, dv, k, v, q_base, do_base, LSE + row, DELTA + row, dq_base,
-            stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
+            dk, dv, k, v, q_base, do_base, LSE + rows, DELTA + rows, dq_base, stride_qn,
             offs_n, offs_d, full_end, N_Q, N_Q, N_K, qk_scale, sm_scale,
             True, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
 
     dk = dk * sm_scale  # dK = scale * dS^T Q: the scale of S = scale * Q K^T, once
+    out = pid_bh.to(tl.int64) * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DK + b * stride_dkb + h_kv * stride_dkh
-             + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
-             dk.to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + b * stride_dvb + h_kv * stride_dvh
-             + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
-             dv.to(DV.dtype.element_ty), mask=mask)
+    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _dq_kv_blocks(
-    dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+    dq, q, do, lse2, delta, K, V, stride_kn, stride_vn,
     offs_m, offs_d, lo, hi, N_K, qk_scale,
     MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -249,8 +242,8 @@ def _dq_kv_blocks(
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = _load_rows(K, offs_n, stride_kn, offs_d, stride_kd, N_K, HEAD_DIM, BLOCK_D, MASK)
-        v = _load_rows(V, offs_n, stride_vn, offs_d, stride_vd, N_K, HEAD_DIM, BLOCK_D, MASK)
+        k = _load_rows(K, offs_n, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASK)
+        v = _load_rows(V, offs_n, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASK)
         p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
                          - lse2[:, None])
         if MASK:
@@ -266,12 +259,10 @@ def _dq_kv_blocks(
 
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
 def bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_don, stride_dod,
-    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    Q, K, V, DO, O, LSE, DELTA, DQ,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
     H, N_Q, N_K, sm_scale,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -285,17 +276,21 @@ def bwd_dq_kernel(
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     h_kv = h // GROUP
+    rows = pid_bh.to(tl.int64) * N_Q   # first row of this head in dO, O, dQ, lse and delta
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qn, offs_d, stride_qd,
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qn, offs_d,
                    N_Q, HEAD_DIM, BLOCK_D, True)
-    do = _load_rows(DO + b * stride_dob + h * stride_doh, offs_m, stride_don, offs_d, stride_dod,
-                    N_Q, HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(DO + rows * HEAD_DIM, offs_m, HEAD_DIM, offs_d, N_Q, HEAD_DIM, BLOCK_D, True)
+    o = _load_rows(O + rows * HEAD_DIM, offs_m, HEAD_DIM, offs_d, N_Q, HEAD_DIM, BLOCK_D, True)
     row_ok = offs_m < N_Q
-    lse2 = tl.load(LSE + pid_bh * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E_C
-    delta = tl.load(DELTA + pid_bh * N_Q + offs_m, mask=row_ok, other=0.0)
+    # The preprocessing step, done here: these rows' delta, stored for the dK/dV kernel
+    # that runs next (it needs delta of every query row it visits).
+    delta = _row_delta(o, do)
+    tl.store(DELTA + rows + offs_m, delta, mask=row_ok)
+    lse2 = tl.load(LSE + rows + offs_m, mask=row_ok, other=0.0) * LOG2E_C
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = sm_scale * LOG2E_C
 
@@ -309,16 +304,15 @@ def bwd_dq_kernel(
         full_end = (N_K // BLOCK_N) * BLOCK_N
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
-    dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd,
-                       stride_vn, stride_vd, offs_m, offs_d, 0, full_end, N_K, qk_scale,
+    dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                       offs_m, offs_d, 0, full_end, N_K, qk_scale,
                        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
-    dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd,
-                       stride_vn, stride_vd, offs_m, offs_d, full_end, hi, N_K, qk_scale,
+    dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                       offs_m, offs_d, full_end, hi, N_K, qk_scale,
                        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
 
     dq = dq * sm_scale  # dQ = scale * dS K
-    tl.store(DQ + b * stride_dqb + h * stride_dqh
-             + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
+    tl.store(DQ + (rows + offs_m[:, None]) * HEAD_DIM + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
@@ -421,16 +415,16 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     consts = dict(GROUP=H // Hkv, CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d,
                   DOT_PRECISION=dot_precision(q.dtype))
 
+    # The kernels' layout contract: q, k, v in any strides with head_dim contiguous (as
+    # the forward takes them); o, dO and every buffer made here contiguous, indexed by
+    # shape: fewer kernel arguments, and each costs host time at every launch (PERF.md).
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    o, do = o.contiguous(), do.contiguous()
     delta = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
-    pre_block = 64
-    bwd_preprocess_kernel[(_cdiv(Nq, pre_block), B * H)](
-        o, do, delta, *o.stride(), *do.stride(), H, Nq,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_block)
-
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    # fp32 accumulator for the atomics; the unfused kernel writes q's dtype directly.
-    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if fused else torch.empty_like(q)
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
+    key = (Nq, Nk, D, causal, H // Hkv, q.dtype)  # the autotuners' key, and the dtype
 
     def launch(kernel, tuned, which, grid, *args, **kwargs):
         if course.INTERPRET:
@@ -438,22 +432,29 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
         elif config is not None:
             kernel[grid(config[which])](*args, **kwargs, **consts, **config[which])
         else:
-            tuned[grid](*args, **kwargs, **consts)
+            launch_tuned(tuned, grid, key, *args, **kwargs, **consts)
 
-    launch(bwd_dkdv_kernel, _dkdv_fused_tuned if fused else _dkdv_tuned, "dkdv",
-           lambda c: (_cdiv(Nk, c["BLOCK_N"]), B * Hkv),
-           q, k, v, do, lse, delta, dk, dv, dq,
-           *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-           *dk.stride(), *dv.stride(), *dq.stride(),
-           H, Hkv, Nq, Nk, scale, FUSED_DQ=fused)
+    def launch_dkdv(dq):
+        launch(bwd_dkdv_kernel, _dkdv_fused_tuned if fused else _dkdv_tuned, "dkdv",
+               lambda c: (_cdiv(Nk, c["BLOCK_N"]), B * Hkv),
+               q, k, v, do, lse, delta, dk, dv, dq, *strides, H, Hkv, Nq, Nk, scale,
+               FUSED_DQ=fused)
+
     if fused:
+        # delta first, then dK/dV adds dQ into an fp32 buffer with atomics.
+        pre_block = 64
+        bwd_preprocess_kernel[(_cdiv(Nq, pre_block), B * H)](
+            o, do, delta, Nq, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_block)
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        launch_dkdv(dq)
         dq = dq.to(q.dtype)
     else:
+        # The dQ kernel also stores delta (the preprocessing), then dK/dV reads it.
+        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         launch(bwd_dq_kernel, _dq_tuned, "dq",
                lambda c: (_cdiv(Nq, c["BLOCK_M"]), B * H),
-               q, k, v, do, lse, delta, dq,
-               *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-               H, Nq, Nk, scale)
+               q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
+        launch_dkdv(dq)
     return dq, dk, dv
 
 

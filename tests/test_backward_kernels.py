@@ -162,21 +162,32 @@ def _inputs(seed, B=1, H=2, Hkv=2, Nq=40, Nk=40, D=32):
             for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)])]
 
 
-def test_check_catches_delta_from_wrong_tensors(monkeypatch):
-    """delta = rowsum(dO * dO) (or anything but dO * O) must fail the gradient check."""
+# A launch config that bypasses the autotuner, so a monkeypatched kernel is the one launched.
+DIRECT = {"dkdv": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+          "dq": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)}
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["dq-kernel", "fused-atomic"])
+def test_check_catches_delta_from_wrong_tensors(monkeypatch, fused):
+    """delta = rowsum(dO * dO) (or anything but dO * O) must fail the gradient check,
+    where delta is made: in the dQ kernel (unfused) or the preprocessing kernel (fused)."""
     seed = fresh_seed()
     q, k, v, do = _inputs(seed)
-    real = fb.bwd_preprocess_kernel
+    name = "bwd_preprocess_kernel" if fused else "bwd_dq_kernel"
+    real = getattr(fb, name)
+    o_at, do_at = (0, 1) if fused else (4, 3)  # where O and dO sit among the kernel's arguments
 
     class WrongDelta:  # launches the real kernel with dO in place of O
         def __getitem__(self, grid):
-            def launch(o, do, delta, *args, **kwargs):
-                strides_do = args[4:8]
-                return real[grid](do, do, delta, *strides_do, *strides_do, *args[8:], **kwargs)
+            def launch(*args, **kwargs):
+                args = list(args)
+                args[o_at] = args[do_at]
+                return real[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(fb, "bwd_preprocess_kernel", WrongDelta())
-    _, *grads = run_backward(q, k, v, do, True, False)
+    monkeypatch.setattr(fb, name, WrongDelta())
+    o, lse = fb.flash_attention(q, k, v, causal=True)
+    grads = fb.flash_attention_backward(q, k, v, o, lse, do, causal=True, fused=fused, config=DIRECT)
     _, *refs = reference(q, k, v, do, True)
     with pytest.raises(CheckFailed):
         check_grads(grads, refs, torch.float32, f"seed={seed} planted: wrong delta")
@@ -200,10 +211,10 @@ def test_backward_runs_triton_kernels():
     q, k, v, do = _inputs(fresh_seed(), Nq=33, Nk=33, D=16)
     with count_launches(fb.bwd_preprocess_kernel) as pre, count_launches(fb.bwd_dkdv_kernel) as dkdv, \
             count_launches(fb.bwd_dq_kernel) as dq_launches:
-        run_backward(q, k, v, do, False, False)
-        run_backward(q, k, v, do, False, True)
+        run_backward(q, k, v, do, False, False)  # dQ kernel (with delta), then dK/dV
+        run_backward(q, k, v, do, False, True)   # preprocessing, then dK/dV with atomic dQ
     # (on a GPU the first call of a shape also launches each autotune candidate)
-    assert pre[0] == 2 and dkdv[0] >= 2 and dq_launches[0] >= 1, (pre, dkdv, dq_launches)
+    assert pre[0] == 1 and dkdv[0] >= 2 and dq_launches[0] >= 1, (pre, dkdv, dq_launches)
 
 
 # ---------------------------------------------------------------------------------------
