@@ -468,6 +468,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         ctx.causal, ctx.fused = bool(causal), bool(fused)
         ctx.scale = default_scale(sm_scale, q.shape[-1])
         ctx.mark_non_differentiable(lse)  # a statistic for the backward, not an output to train
+        ctx.set_materialize_grads(False)  # lse's gradient stays None: no zeros to allocate and fill
         return o, lse
 
     @staticmethod
