@@ -43,11 +43,12 @@ _CHOSEN = {}
 def launch_tuned(tuned, grid, key, *args, **kwargs):
     """Launch an autotuned kernel; after the first call for `key`, without the autotuner.
 
-    triton.autotune benchmarks once per key, but its dispatch on every later call cost
-    ~160 us of host time per launch on the H100 machine (triton 3.6; PERF.md), more than
-    a whole backward kernel at N = 1024. So the first call for a key goes through the
-    autotuner and records its choice; later calls launch the JIT kernel with it directly.
-    `key` must hold everything the autotuner's own key holds (shape values and dtypes).
+    triton.autotune benchmarks once per key, but its dispatch still runs on every call
+    (a dict of all arguments, the key rebuilt, dtypes turned into strings): on the H100
+    machine it added ~10 us of host time to a ~40 us launch (PERF.md, "Host overhead"),
+    and at N = 1024 the training step is bound by host time. So the first call for a key
+    goes through the autotuner and records its choice; later calls launch the JIT kernel
+    with it directly. `key` must hold everything the autotuner's own key holds.
     """
     chosen = _CHOSEN.get((tuned, key))
     if chosen is None:
