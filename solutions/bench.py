@@ -4,11 +4,12 @@
     python -m solutions.bench --plot CSV [--out DIR]     (re-draw the plots from a CSV)
 
 For each case (dtype, head dim D, sequence length N with B*N = 16384, H = 16, causal or
-not, forward or forward+backward) it checks each of our kernels against SDPA once, then
-times every implementation with triton.testing.do_bench (median, after warm-up) and
-records the peak memory the call adds over what was allocated before it. Each is timed
-twice: called from Python as a user would (eager), and replayed from a CUDA graph
-captured around the same call (graph), which leaves out the host's launch overhead.
+not, forward or forward+backward) it checks each of our kernels against SDPA once and
+records the peak memory each call adds over what was allocated before it. Then it times
+every implementation with triton.testing.do_bench (median, after warm-up), in 3 rounds
+that take turns (the median round is kept), in two ways: called from Python as a user
+would (eager), and replayed from a CUDA graph captured around the same call (graph),
+which leaves out the host's launch overhead.
 At N = 1024 the eager step of a Python-launched kernel can be set by that overhead
 (solutions/PERF.md): the two columns say which of host and GPU bounds a result.
 TFLOPS count 4*B*H*N^2*D for the forward (half when causal) and 3.5x that for
@@ -18,6 +19,7 @@ Writes bench.csv, tflops.png, tflops_graph.png and memory.png to --out (default:
 import argparse
 import csv
 import os
+import statistics
 import sys
 
 import torch
@@ -27,6 +29,8 @@ FIELDS = ["dtype", "D", "N", "B", "H", "causal", "mode", "impl", "ms", "tflops",
           "graph_ms", "graph_tflops", "status"]
 IMPLS = ["teaching", "tuned", "naive", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"]
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+ROUNDS = 3    # each time is the median of this many rounds...
+REP_MS = 50   # ...of triton.testing.do_bench(warmup=25, rep=REP_MS), itself a median
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
 
@@ -100,9 +104,8 @@ def _check(fn, q, k, v, causal, do, expected):
     return None if not bad else "WRONG " + " ".join(f"{n}:{e:.2g}" for n, e in bad.items())
 
 
-def _measure(step, grads):
-    """Peak memory (MiB) one call adds, then the median time (ms)."""
-    import triton
+def _peak_mib(step, grads):
+    """Peak memory (MiB) one call of the step adds to what was allocated before it."""
     for t in grads:
         t.grad = None
     torch.cuda.synchronize()
@@ -110,10 +113,14 @@ def _measure(step, grads):
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    ms = triton.testing.do_bench(step, warmup=25, rep=100, grad_to_none=grads or None,
-                                 return_mode="median")
-    return ms, peak
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def _eager_ms(step, grads):
+    """Median time (ms) of the step called from Python, as a user calls it."""
+    import triton
+    return triton.testing.do_bench(step, warmup=25, rep=REP_MS, grad_to_none=grads or None,
+                                   return_mode="median")
 
 
 def _graph_ms(step, grads):
@@ -132,7 +139,7 @@ def _graph_ms(step, grads):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=REP_MS, return_mode="median")
     del graph
     for t in grads:
         t.grad = None
@@ -162,32 +169,53 @@ def run_case(case):
     del o_ref
 
     fns = {**_ours(mode), **{n: _sdpa(b) for n, b in SDPA_BACKENDS.items()}}
-    rows = []
-    for name in IMPLS:
-        row = {**case, "dtype": str(case["dtype"]).replace("torch.", ""), "impl": name,
-               "ms": "", "tflops": "", "peak_mib": "", "graph_ms": "", "graph_tflops": "",
-               "status": "ok"}
-        fn = fns[name]
+    rows, steps = {}, {}
+    for name in IMPLS:  # check and measure memory once
+        rows[name] = row = {**case, "dtype": str(case["dtype"]).replace("torch.", ""), "impl": name,
+                            "ms": "", "tflops": "", "peak_mib": "", "graph_ms": "",
+                            "graph_tflops": "", "status": "ok"}
+        if fns[name] is None:
+            row["status"] = "n/a"
+            continue
+        step = _step(fns[name], q, k, v, causal, do)
         try:
-            if fn is None:
-                row["status"] = "n/a"
-            else:
-                wrong = None if name.startswith("sdpa") else _check(fn, q, k, v, causal, do, expected)
-                ms, peak = _measure(_step(fn, q, k, v, causal, do), grads)
-                row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", peak_mib=f"{peak:.1f}")
-                row["status"] = wrong or "ok"
-                try:
-                    gms = _graph_ms(_step(fn, q, k, v, causal, do), grads)
-                    row.update(graph_ms=f"{gms:.4f}", graph_tflops=f"{flops / gms / 1e9:.1f}")
-                except RuntimeError as e:  # a call that cannot be captured keeps its eager row
-                    print(f"{name}: no graph timing ({str(e).splitlines()[0][:80]})", file=sys.stderr)
-        except torch.cuda.OutOfMemoryError:
-            row["status"] = "n/a (out of memory)"
-        except RuntimeError as e:  # e.g. an SDPA backend that does not take this case
-            row["status"] = "n/a (" + str(e).splitlines()[0][:60] + ")"
+            wrong = None if name.startswith("sdpa") else _check(fns[name], q, k, v, causal, do, expected)
+            row.update(peak_mib=f"{_peak_mib(step, grads):.1f}", status=wrong or "ok")
+            steps[name] = step
+        except RuntimeError as e:  # out of memory, or an SDPA backend that rejects the case
+            _unavailable(row, e)
         torch.cuda.empty_cache()
-        rows.append(row)
-    return rows
+
+    # Time in rounds, every implementation once per round: a drift of the GPU's clock
+    # during a case (seen: +-10% at N = 16384) then hits all of them alike.
+    eager, graph = {n: [] for n in steps}, {n: [] for n in steps}
+    for _ in range(ROUNDS):
+        for name, step in list(steps.items()):
+            try:
+                eager[name].append(_eager_ms(step, grads))
+            except RuntimeError as e:
+                _unavailable(rows[name], e)
+                del steps[name]
+                continue
+            try:
+                graph[name].append(_graph_ms(step, grads))
+            except RuntimeError as e:  # a call that cannot be captured keeps its eager time
+                print(f"{name}: no graph timing ({str(e).splitlines()[0][:80]})", file=sys.stderr)
+            torch.cuda.empty_cache()
+    for name in steps:
+        ms = statistics.median(eager[name])
+        rows[name].update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
+        if graph[name]:
+            gms = statistics.median(graph[name])
+            rows[name].update(graph_ms=f"{gms:.4f}", graph_tflops=f"{flops / gms / 1e9:.1f}")
+    return [rows[name] for name in IMPLS]
+
+
+def _unavailable(row, error):
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        row["status"] = "n/a (out of memory)"
+    else:
+        row["status"] = "n/a (" + str(error).splitlines()[0][:60] + ")"
 
 
 def _cell(rows, impl, field):
