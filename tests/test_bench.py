@@ -28,6 +28,11 @@ def test_table_and_plots_from_the_saved_run(tmp_path, capsys):
         eager, graph = line.split("|")[2].split(), line.split("|")[3].split()
         assert float(eager[0]) == round(_tflops(rows, key, "tuned", "tflops")
                                         / _tflops(rows, key, "sdpa-flash", "tflops"), 2), line
+        if mode == "fwd":  # teaching / tuned, the last eager ratio
+            assert float(eager[3]) == round(_tflops(rows, key, "teaching", "tflops")
+                                            / _tflops(rows, key, "tuned", "tflops"), 2), line
+        else:
+            assert eager[3] == "n/a", line  # the teaching kernel has no backward
         assert float(graph[0]) == round(_tflops(rows, key, "tuned", "graph_tflops")
                                         / _tflops(rows, key, "sdpa-flash", "graph_tflops"), 2), line
     for name in ("tflops.png", "tflops_graph.png", "memory.png"):
