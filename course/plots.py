@@ -8,19 +8,17 @@ def _numpy(t):
     return t.detach().to("cpu", torch.float32).numpy() if isinstance(t, torch.Tensor) else t
 
 
-def heatmaps(matrices: dict, *, cmap="viridis", annotate=False, figsize_per=3.2, suptitle=None,
-             xlabel="key j", ylabel="query i", vmin=None, vmax=None):
-    """One heatmap per entry of {title: 2-D tensor}, side by side. -inf shows as white.
-
-    vmin/vmax fix the colour scale (e.g. 0 and 1 for attention weights)."""
+def heatmaps(matrices: dict, *, cmap="viridis", annotate=False, figsize_per=3.2, suptitle=None):
+    """One heatmap per entry of {title: 2-D tensor} (queries down, keys across), side by
+    side. -inf shows as white."""
     fig, axes = plt.subplots(1, len(matrices), figsize=(figsize_per * len(matrices), figsize_per),
                              squeeze=False)
     for ax, (title, m) in zip(axes[0], matrices.items()):
         data = _numpy(m)
-        image = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax)
+        image = ax.imshow(data, cmap=cmap)
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        ax.set_xlabel("key j")
+        ax.set_ylabel("query i")
         if annotate and data.size <= 100:
             for (i, j), value in __import__("numpy").ndenumerate(data):
                 ax.text(j, i, f"{value:.2g}", ha="center", va="center", fontsize=7, color="w")

@@ -111,7 +111,7 @@ def assert_close(actual, expected, *, name="output", atol=None, rtol=None,
              + _mistake_text(a, mistakes, atol, rtol) + extra)
     max_err = float(err.max()) if err.numel() else 0.0
     if not quiet:
-        print(f"ok  {name}: {tuple(actual.shape)} {str(actual.dtype).replace('torch.', '')}, "
+        print(f"ok  {name}: {tuple(actual.shape)} {dtype_name(actual.dtype)}, "
               f"max error {max_err:.2g}")
     return max_err
 
@@ -142,6 +142,11 @@ def check_choice(answer, name, options="abcd"):
     print(f"ok  {name}: one letter (whether it is right is checked when you submit)")
 
 
+def dtype_name(dtype):
+    """float16, not torch.float16: how messages name a dtype."""
+    return str(dtype).replace("torch.", "")
+
+
 def randn(*shape, dtype=torch.float32, device="cpu", seed=None):
     """Fresh random inputs (never zeros), reproducible when a seed is given."""
     g = torch.Generator(device="cpu")
@@ -155,6 +160,7 @@ def randn(*shape, dtype=torch.float32, device="cpu", seed=None):
 # outputs between sentinel margins (a store past the end changes them).
 
 _SENTINEL = 12345.0
+_UNWRITTEN = -1024.0  # what an output holds before the kernel runs: entries still equal to it were never stored
 
 
 class Guarded:
@@ -184,15 +190,22 @@ def guarded_input(x: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def guarded_output(shape, dtype, device, name="output"):
-    """Yield an output tensor framed by sentinels; on exit, fail if a store went past it."""
+    """Yield an output tensor framed by sentinels; on exit, fail if a store went past it
+    or an entry was never stored (NaN is left for loads past a guarded input)."""
     g = Guarded(tuple(shape), dtype, device, _SENTINEL)
-    g.tensor.fill_(float("nan"))  # entries the kernel never writes stay NaN
+    g.tensor.fill_(_UNWRITTEN)
     yield g.tensor
     before, after = g.margins_touched()
     if before or after:
         fail(f"your kernel wrote outside {name}: {before} element(s) before it and {after} "
              "after it in memory. Are the stores masked (mask=offsets < n)? On a GPU this "
              "corrupts other tensors or crashes.")
+    never = g.tensor == _UNWRITTEN
+    if never.any():
+        first = tuple(int(i) for i in never.nonzero()[0])
+        fail(f"{int(never.sum())} of {g.tensor.numel()} entries of {name} were never written, "
+             f"first at {first}. Does every program store its block, and does the grid cover "
+             "the whole output?")
 
 
 @contextlib.contextmanager
@@ -265,11 +278,13 @@ def count_launches(kernel, before_launch=None):
         del kernel.run  # back to the class's method
 
 
-def run_wrapper(wrapper, kernel, *args, forbid, name, launches=None, hint="", **kwargs):
+def run_wrapper(wrapper, kernel, *args, forbid, name, launches=None, hint="", before_launch=None,
+                **kwargs):
     """Call a learner's wrapper the way every check does: PyTorch's own version of the work
     (`forbid`, see forbid_torch) raises, its allocations are guarded, and `kernel` must be
-    launched (exactly `launches` times, if given). Returns the wrapper's output."""
-    with count_launches(kernel) as count, forbid_torch(forbid), guarded_allocations():
+    launched (exactly `launches` times, if given; before_launch as in count_launches).
+    Returns the wrapper's output."""
+    with count_launches(kernel, before_launch) as count, forbid_torch(forbid), guarded_allocations():
         out = wrapper(*args, **kwargs)
     kernel_name = getattr(kernel, "__name__", "the kernel")
     if count[0] == 0:
@@ -278,6 +293,22 @@ def run_wrapper(wrapper, kernel, *args, forbid, name, launches=None, hint="", **
         fail(f"{name}: {kernel_name} was launched {count[0]} times, expected {launches}"
              + (f": {hint}" if hint else ""))
     return out
+
+
+def check_rejects(calls, *, name):
+    """Each (description, thunk) must raise ValueError or TypeError with a message."""
+    for description, call in calls:
+        try:
+            call()
+        except (ValueError, TypeError) as error:
+            if not str(error):
+                fail(f"{name} raised {type(error).__name__} without a message for {description}: "
+                     "say what is wrong")
+            continue
+        except Exception as error:  # noqa: BLE001 (any other error is the finding)
+            fail(f"{name} raised {type(error).__name__} for {description}; check the inputs "
+                 "first and raise ValueError or TypeError with a clear message")
+        fail(f"{name} accepted {description}: check the inputs and raise ValueError or TypeError")
 
 
 @contextlib.contextmanager

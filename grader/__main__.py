@@ -31,8 +31,9 @@ def main(argv=None):
     p = sub.add_parser("check-times", help="time each visible check of the solved notebook")
     p.add_argument("lessons", nargs="*", help="lesson names (default: all)")
 
-    p = sub.add_parser("bench", help="GPU benchmark of the reference kernels against PyTorch SDPA")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to solutions.bench")
+    # Listed for --help only: `bench ...` is handed to solutions.bench before parsing.
+    sub.add_parser("bench", help="GPU benchmark of the reference kernels against PyTorch SDPA "
+                   "(python -m grader bench --help)")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # everything after `bench` belongs to solutions.bench

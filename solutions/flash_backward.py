@@ -32,7 +32,6 @@ import triton
 import triton.language as tl
 
 from solutions import flash_tuned
-from solutions.flash_tuned import launch_tuned
 from solutions.flash_forward import LOG2E, check_attention_inputs, default_scale, dot_precision
 from solutions.naive_attention import attention_scores, repeat_kv
 
@@ -432,7 +431,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
         elif config is not None:
             kernel[grid(config[which])](*args, **kwargs, **consts, **config[which])
         else:
-            launch_tuned(tuned, grid, key, *args, **kwargs, **consts)
+            flash_tuned.launch_tuned(tuned, grid, key, *args, **kwargs, **consts)
 
     def launch_dkdv(dq):
         launch(bwd_dkdv_kernel, _dkdv_fused_tuned if fused else _dkdv_tuned, "dkdv",

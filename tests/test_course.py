@@ -75,9 +75,19 @@ def test_guards_let_a_correct_kernel_pass():
 def test_guards_catch_an_unmasked_load():
     x = testing.guarded_input(torch.randn(50, device=DEVICE))
     with testing.guarded_output((64,), torch.float32, DEVICE) as out:
-        _launch(out, x, False, True)  # reads 14 elements past x, writes inside out
+        # 2 blocks of 32: reads 14 elements past x, writes all of out and nothing past it
+        _copy_kernel[(2,)](out, x, 50, BLOCK=32, MASK_LOAD=False, MASK_STORE=False)
     with pytest.raises(CheckFailed, match="read past the end"):
         testing.explain_nan_from_guards(out)
+
+
+def test_guards_catch_an_output_left_unwritten():
+    """A grid too small for the output: the entries no program stores are named, and not
+    blamed on a load past an input."""
+    x = testing.guarded_input(torch.randn(64, device=DEVICE))
+    with pytest.raises(CheckFailed, match=r"14 of 64 entries of the output were never written, first at \(50,\)"):
+        with testing.guarded_output((64,), torch.float32, DEVICE, name="the output") as out:
+            _copy_kernel[(2,)](out, x, 50, BLOCK=32, MASK_LOAD=True, MASK_STORE=True)
 
 
 def test_guards_catch_an_unmasked_store():

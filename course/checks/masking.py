@@ -10,15 +10,11 @@ import torch
 import triton
 
 from course import DEVICE
-from course.testing import (assert_close, assert_not_trivial, explain_nan_from_guards, fail,
-                            guarded_input, guarded_output, randn, run_wrapper)
+from course.testing import (assert_close, assert_not_trivial, dtype_name, explain_nan_from_guards,
+                            fail, guarded_input, guarded_output, randn, run_wrapper)
 
 QUERY_KEY = ("query i", "key j")
 NEG_INF = float("-inf")
-
-
-def _dtype_name(dtype):
-    return str(dtype).replace("torch.", "")
 
 
 def _lengths_tensor(lengths, device="cpu"):
@@ -57,7 +53,7 @@ def _check_bool_mask(out, expected, *, name, mistakes, hint):
     """A bool mask (True = blocked) against the expected one, naming classic mistakes."""
     if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
         fail(f"{name} should be a torch.bool tensor (True = blocked), got "
-             + (_dtype_name(out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__))
+             + (dtype_name(out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__))
     assert_close(out.double(), expected.double(), name=name,
                  dim_names=("batch",) * (expected.dim() - 2) + QUERY_KEY, hint=hint, quiet=True,
                  mistakes={k: v.double() for k, v in mistakes.items()})
@@ -97,11 +93,11 @@ def _additive(blocked, dtype):
 
 
 def case_causal_mask(fn, n, dtype, *, quiet=False):
-    name = f"causal_mask({n}, {_dtype_name(dtype)})"
+    name = f"causal_mask({n}, {dtype_name(dtype)})"
     out = fn(n, dtype)
     if isinstance(out, torch.Tensor) and out.dtype != dtype:
-        fail(f"{name} has dtype {_dtype_name(out.dtype)}: it is an additive mask, added to "
-             f"{_dtype_name(dtype)} scores, so it must have dtype {_dtype_name(dtype)} (0 and -inf)")
+        fail(f"{name} has dtype {dtype_name(out.dtype)}: it is an additive mask, added to "
+             f"{dtype_name(dtype)} scores, so it must have dtype {dtype_name(dtype)} (0 and -inf)")
     mistakes = {text: _additive(m, dtype) for text, m in _causal_mistakes(n).items()}
     mistakes["1 marks the blocked keys, but an additive mask needs -inf there: "
              "score + 1 still gets weight"] = _square_causal(n).to(dtype)
@@ -267,7 +263,7 @@ def kernel_mistakes(scores, causal, lengths):
 
 def _describe(shape, dtype, causal, lengths):
     dims = ", ".join(str(d) for d in shape)
-    return f"[{dims}] {_dtype_name(dtype)}, causal={causal}, lengths={lengths}"
+    return f"[{dims}] {dtype_name(dtype)}, causal={causal}, lengths={lengths}"
 
 
 def case_kernel(kernel, B, M, N, dtype, *, causal, lengths=None, seed, quiet=False):

@@ -3,8 +3,8 @@ with inputs the learner never sees."""
 import torch
 
 from course import DEVICE
-from course.testing import (assert_close, assert_not_trivial, explain_nan_from_guards, fail,
-                            guarded_input, guarded_output, randn, run_wrapper)
+from course.testing import (assert_close, assert_not_trivial, dtype_name, explain_nan_from_guards,
+                            fail, guarded_input, guarded_output, randn, run_wrapper)
 from course.testing import check_choice  # noqa: F401  (the lesson calls checks.check_choice)
 
 ROW_COL = ("row", "col")
@@ -86,7 +86,7 @@ def case_kernel(kernel, n_rows, n_cols, dtype, *, seed, quiet=False):
     """Launch the learner's kernel directly, on guarded buffers."""
     import triton
     x = guarded_input(randn(n_rows, n_cols, dtype=dtype, device=DEVICE, seed=seed) * 3)
-    name = f"softmax_kernel on a {n_rows}x{n_cols} {str(dtype).replace('torch.', '')} input"
+    name = f"softmax_kernel on a {n_rows}x{n_cols} {dtype_name(dtype)} input"
     with guarded_output((n_rows, n_cols), dtype, DEVICE, name="the output") as out:
         kernel[(n_rows,)](out, x, x.stride(0), out.stride(0), n_cols,
                           BLOCK_SIZE=triton.next_power_of_2(n_cols))

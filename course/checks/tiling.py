@@ -1,24 +1,17 @@
 """Visible checks of module 03 (tiling and batched GEMM). Hidden tests reuse the `case_*`
 functions with inputs the learner never sees."""
-import contextlib
-
 import torch
 import triton
 
 from course import DEVICE, INTERPRET
 from course.gpu_compile import compile_for_gpu
-from course.testing import (assert_close, assert_not_trivial, count_launches,
-                            explain_nan_from_guards, fail, forbid_torch, guarded_input,
-                            guarded_output, randn, run_wrapper)
+from course.testing import (assert_close, assert_not_trivial, check_rejects, dtype_name,
+                            explain_nan_from_guards, fail, guarded_input, guarded_output, randn,
+                            run_wrapper)
 
 BLOCK = 32          # block sizes the checks launch a learner's matmul_kernel with
-UNWRITTEN = -1024.0  # fills outputs before a launch: entries still equal to it were never stored
 ROW_COL = ("row", "col")
 BHMN = ("batch", "head", "row", "col")
-
-
-def _dtype_name(dtype):
-    return str(dtype).replace("torch.", "")
 
 
 def _guarded(shape, dtype, seed, scale=1.0):
@@ -28,7 +21,7 @@ def _guarded(shape, dtype, seed, scale=1.0):
 
 def _check_dtype(out, dtype, name):
     if out.dtype != dtype:
-        fail(f"{name} is {_dtype_name(out.dtype)} but the inputs are {_dtype_name(dtype)}: "
+        fail(f"{name} is {dtype_name(out.dtype)} but the inputs are {dtype_name(dtype)}: "
              "accumulate in fp32, then return (store) the inputs' dtype")
 
 
@@ -55,7 +48,7 @@ class _LargestProduct(torch.overrides.TorchFunctionMode):
 def case_tiled_matmul(fn, M, N, K, tile, dtype, *, seed, quiet=False):
     a = randn(M, K, dtype=dtype, seed=seed)
     b = randn(K, N, dtype=dtype, seed=seed + 1)
-    name = f"tiled_matmul({_dtype_name(dtype)} [{M}, {K}] @ [{K}, {N}], tile={tile})"
+    name = f"tiled_matmul({dtype_name(dtype)} [{M}, {K}] @ [{K}, {N}], tile={tile})"
     with _LargestProduct() as products:
         out = fn(a.clone(), b.clone(), tile)
     last_k = (K - 1) // tile * tile
@@ -114,23 +107,13 @@ def check_dram_reads(dram_reads, dram_reads_untiled):
 # ---------------------------------------------------------------------------------------
 # matmul_kernel (launched directly on guarded buffers) and the matmul wrapper
 
-def _check_written(out, name):
-    never = out == UNWRITTEN
-    if never.any():
-        first = tuple(int(i) for i in never.nonzero()[0])
-        fail(f"{name}: {int(never.sum())} of {out.numel()} outputs were never written, first at "
-             f"{first}. Does every program store its tile, and does the grid cover every tile?")
-
-
 def case_matmul_kernel(kernel, a, b, *, name, hint=None, quiet=False):
     """Launch kernel on a [M, K], b [K, N] with BLOCK-sized tiles into a guarded output."""
     (M, K), N = a.shape, b.shape[1]
     with guarded_output((M, N), a.dtype, DEVICE, name="the output") as out:
-        out.fill_(UNWRITTEN)
         kernel[(triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))](
             a, b, out, M, N, K, *a.stride(), *b.stride(), *out.stride(),
             BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK)
-    _check_written(out, name)
     explain_nan_from_guards(out, name=name)
     assert_close(out, a.double() @ b.double(), name=name, dim_names=ROW_COL, hint=hint, quiet=quiet)
     assert_not_trivial(out, name=name)
@@ -142,7 +125,7 @@ def case_matmul_kernel_random(kernel, M, N, K, dtype, *, seed, b_col_major=False
     b = _guarded((N, K), dtype, seed + 1).t() if b_col_major else _guarded((K, N), dtype, seed + 1)
     layout = "column-major " if b_col_major else ""
     case_matmul_kernel(kernel, a, b, quiet=quiet,
-                       name=f"matmul_kernel on {_dtype_name(dtype)} [{M}, {K}] @ {layout}[{K}, {N}]")
+                       name=f"matmul_kernel on {dtype_name(dtype)} [{M}, {K}] @ {layout}[{K}, {N}]")
 
 
 def case_fp16_accumulation(kernel, M, N, *, seed, quiet=False):
@@ -174,22 +157,6 @@ def case_matmul(matmul, kernel, a, b, *, name, quiet=False):
     _check_dtype(out, a.dtype, name)
 
 
-def case_bad_inputs(calls, *, name):
-    """Each (description, thunk) must raise ValueError or TypeError with a message."""
-    for description, call in calls:
-        try:
-            call()
-        except (ValueError, TypeError) as error:
-            if not str(error):
-                fail(f"{name} raised {type(error).__name__} without a message for {description}: "
-                     "say what is wrong")
-            continue
-        except Exception as error:  # noqa: BLE001 (any other error is the finding)
-            fail(f"{name} raised {type(error).__name__} for {description}; check the inputs "
-                 "first and raise ValueError or TypeError with a clear message")
-        fail(f"{name} accepted {description}: check the inputs and raise ValueError or TypeError")
-
-
 def _bad_matmul_inputs(matmul):
     x = torch.ones(4, 6, device=DEVICE)
     return [("a 1-D a", lambda: matmul(torch.ones(6, device=DEVICE), x)),
@@ -206,7 +173,7 @@ def check_matmul(matmul, matmul_kernel):
     a = randn(20, 40, dtype=torch.float16, device=DEVICE, seed=6).t()
     case_matmul(matmul, matmul_kernel, a, randn(20, 50, dtype=torch.float16, device=DEVICE, seed=7),
                 name="matmul(float16 transposed view [40, 20] @ [20, 50])")
-    case_bad_inputs(_bad_matmul_inputs(matmul), name="matmul")
+    check_rejects(_bad_matmul_inputs(matmul), name="matmul")
     print("ok  matmul rejects bad inputs with clear errors")
 
 
@@ -219,27 +186,15 @@ def _grid(launch):
     return grid + (1,) * (3 - len(grid))
 
 
-@contextlib.contextmanager
-def one_launch(kernel, expected_grid, *, name):
-    """Allow exactly one launch of `kernel`, on the grid expected_grid(constexprs) gives.
-
-    The grid is checked before the kernel runs: programs past the end of a tensor would
-    write past it, which the interpreter does not stop (it corrupts memory or crashes).
-    """
-    kernel_name = getattr(kernel, "__name__", "the kernel")
-
+def _grid_is(expected_grid, name):
+    """A before_launch check (see run_wrapper): the launch's grid is the one expected_grid
+    gives. It runs before the kernel: programs past the end of a tensor would write past
+    it, which the interpreter does not stop (it corrupts memory or crashes)."""
     def check(launch, count):
-        if count > 1:
-            fail(f"{name}: {kernel_name} was launched more than once; one launch must cover "
-                 "every (batch, head) pair")
         grid, (want, layout) = _grid(launch), expected_grid(launch)
         if grid != want:
             fail(f"{name}: the grid is {grid}; expected {layout} = {want}")
-
-    with count_launches(kernel, before_launch=check) as launches:
-        yield
-    if not launches[0]:
-        fail(f"{name}: {kernel_name} was never launched; the wrapper must launch it")
+    return check
 
 
 def _bt(b, b_transposed):
@@ -273,8 +228,9 @@ def case_strided(fn, kernel, a, b, b_transposed, *, name, quiet=False):
     def grid(meta):
         return ((H, triton.cdiv(M, meta.get("BLOCK_M", 1)), B),
                 "the design note's grid (heads, cdiv(M, BLOCK_M), batch)")
-    with one_launch(kernel, grid, name=name), forbid_torch("matmul"):
-        out = fn(a, b, b_transposed)
+    out = run_wrapper(fn, kernel, a, b, b_transposed, forbid="matmul", name=name, launches=1,
+                      hint="one launch must cover every (batch, head) pair",
+                      before_launch=_grid_is(grid, name))
     explain_nan_from_guards(out, name=name)
     assert_close(out, expected, name=name, dim_names=BHMN, quiet=quiet,
                  mistakes=_strided_mistakes(a, b, b_transposed))
@@ -305,7 +261,7 @@ def case_strided_random(fn, kernel, B, H, M, N, K, dtype, b_transposed, *, seed,
     a, b = strided_inputs(B, H, M, N, K, dtype, b_transposed, seed=seed, layout=layout)
     what = "Q @ K^T" if b_transposed else "P @ V"
     case_strided(fn, kernel, a, b, b_transposed, quiet=quiet,
-                 name=f"batched_gemm_strided ({what}, {_dtype_name(dtype)}, a {list(a.shape)}, "
+                 name=f"batched_gemm_strided ({what}, {dtype_name(dtype)}, a {list(a.shape)}, "
                       f"b {list(b.shape)}{', non-contiguous' if layout != 'bhmk' else ''})")
 
 
@@ -337,8 +293,9 @@ def case_ptrs(fn, kernel, a_list, b_list, b_transposed, *, name, quiet=False):
     def grid(meta):
         return ((len(a_list), triton.cdiv(tallest, meta.get("BLOCK_M", 1)), 1),
                 "(pairs, cdiv(largest M, BLOCK_M), 1)")
-    with one_launch(kernel, grid, name=name), forbid_torch("matmul"):
-        out = fn(list(a_list), list(b_list), b_transposed)
+    out = run_wrapper(fn, kernel, list(a_list), list(b_list), b_transposed, forbid="matmul",
+                      name=name, launches=1, hint="one launch must cover every pair",
+                      before_launch=_grid_is(grid, name))
     if not isinstance(out, (list, tuple)) or len(out) != len(a_list):
         fail(f"{name} should return a list of {len(a_list)} tensors, one per pair, got "
              f"{type(out).__name__}" + (f" of length {len(out)}" if isinstance(out, (list, tuple)) else ""))
@@ -365,7 +322,7 @@ def case_ptrs_random(fn, kernel, shapes, dtype, b_transposed, *, seed, quiet=Fal
     a_list, b_list = ptrs_inputs(shapes, dtype, b_transposed, seed=seed)
     what = "Q @ K^T" if b_transposed else "P @ V"
     case_ptrs(fn, kernel, a_list, b_list, b_transposed, quiet=quiet,
-              name=f"batched_gemm_ptrs ({what}, {_dtype_name(dtype)}, {len(shapes)} pairs "
+              name=f"batched_gemm_ptrs ({what}, {dtype_name(dtype)}, {len(shapes)} pairs "
                    f"(M, N, K) = {shapes})")
 
 
@@ -400,7 +357,7 @@ _DISPATCH_HINTS = {  # strategy: (launches, bytes), as the docstring counts them
 
 
 def case_compare_dispatch(fn, B, H, M, N, K, dtype, tile):
-    name = f"compare_dispatch(B={B}, H={H}, M={M}, N={N}, K={K}, {_dtype_name(dtype)})"
+    name = f"compare_dispatch(B={B}, H={H}, M={M}, N={N}, K={K}, {dtype_name(dtype)})"
     rows = fn(B, H, M, N, K, dtype)
     if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
         fail(f"{name} should return a list of dicts, got {type(rows).__name__}")

@@ -3,7 +3,7 @@ import torch
 
 from course import DEVICE, INTERPRET
 from course.checks import masking as visible
-from course.testing import assert_close, fail, randn
+from course.testing import assert_close, check_rejects, dtype_name, fail, randn
 
 SEEDS = (21, 22, 23)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
@@ -38,7 +38,7 @@ def test_apply_mask(fn):
             scores = randn(B, H, M, N, dtype=dtype, device=DEVICE, seed=seed) * 4
             for label, mask in masks.items():
                 visible.case_apply_mask(fn, scores, mask.to(DEVICE), quiet=True,
-                                        name=f"apply_mask on {str(dtype)[6:]} scores [2, 3, 5, 7] with a {label} mask")
+                                        name=f"apply_mask on {dtype_name(dtype)} scores [2, 3, 5, 7] with a {label} mask")
 
 
 def test_padding_mask(fn):
@@ -66,7 +66,7 @@ def test_safe_softmax(fn):
                 s = visible.masked_scores(shape, seed=seed, blocked_rows=rows, dtype=dtype,
                                           scale=30.0).movedim(-1, dim)
                 visible.case_safe_softmax(fn, s, dim, quiet=True,
-                                          name=f"safe_softmax on {str(dtype)[6:]} scores of shape "
+                                          name=f"safe_softmax on {dtype_name(dtype)} scores of shape "
                                                f"{tuple(s.shape)}, dim={dim}, with fully masked slices")
 
 
@@ -104,7 +104,7 @@ def test_masked_softmax(fn, kernel):
         for dtype in DTYPES:
             x = randn(3, 11, 70, dtype=dtype, device=DEVICE, seed=seed) * 4
             visible.case_wrapper(fn, kernel, x, causal=True, lengths=lengths, quiet=True,
-                                 name=f"masked_softmax on {str(dtype)[6:]} scores [3, 11, 70], causal, lengths={lengths}")
+                                 name=f"masked_softmax on {dtype_name(dtype)} scores [3, 11, 70], causal, lengths={lengths}")
         x = randn(9, 33, device=DEVICE, seed=seed)
         visible.case_wrapper(fn, kernel, x, causal=False, quiet=True,
                              name="masked_softmax on scores [9, 33], causal=False, no lengths")
@@ -115,10 +115,6 @@ def test_masked_softmax(fn, kernel):
         x = randn(2, 50, 8, device=DEVICE, seed=seed).transpose(1, 2)
         visible.case_wrapper(fn, kernel, x, causal=True, lengths=[50, 20], quiet=True,
                              name="masked_softmax on a transposed [2, 8, 50] view, causal, lengths=[50, 20]")
-    for bad in (torch.ones(3, device=DEVICE), torch.ones(2, 2, 3, 4, device=DEVICE)):
-        try:
-            fn(bad)
-        except (ValueError, TypeError):
-            continue
-        fail(f"masked_softmax accepted a {bad.dim()}-D tensor: raise a ValueError for scores "
-             "that are not 2-D or 3-D")
+    check_rejects([(f"{bad.dim()}-D scores (they must be 2-D or 3-D)", lambda bad=bad: fn(bad))
+                   for bad in (torch.ones(3, device=DEVICE), torch.ones(2, 2, 3, 4, device=DEVICE))],
+                  name="masked_softmax")

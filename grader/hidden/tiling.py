@@ -5,7 +5,7 @@ import torch
 
 from course import DEVICE, INTERPRET
 from course.checks import tiling as visible
-from course.testing import fail, randn
+from course.testing import check_rejects, dtype_name, fail, randn
 
 SEEDS = (31, 32, 33)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
@@ -51,11 +51,11 @@ def test_matmul(matmul, kernel):
             a = randn(M, K, dtype=dtype, device=DEVICE, seed=seed)
             b = randn(K, N, dtype=dtype, device=DEVICE, seed=seed + 1)
             visible.case_matmul(matmul, kernel, a, b, quiet=True,
-                                name=f"matmul on {str(dtype)[6:]} [{M}, {K}] @ [{K}, {N}]")
+                                name=f"matmul on {dtype_name(dtype)} [{M}, {K}] @ [{K}, {N}]")
     a = randn(30, 50, device=DEVICE, seed=SEEDS[0])[:, ::2]  # every other column: strided rows
     b = randn(37, 25, device=DEVICE, seed=SEEDS[1]).t()
     visible.case_matmul(matmul, kernel, a, b, quiet=True, name="matmul on strided views")
-    visible.case_bad_inputs(visible._bad_matmul_inputs(matmul) + [
+    check_rejects(visible._bad_matmul_inputs(matmul) + [
         ("a 3-D b", lambda: matmul(torch.ones(4, 6, device=DEVICE), torch.ones(2, 6, 3, device=DEVICE))),
         ("float64 inputs", lambda: matmul(torch.ones(4, 6, device=DEVICE, dtype=torch.float64),
                                           torch.ones(6, 3, device=DEVICE, dtype=torch.float64)))],
@@ -72,7 +72,7 @@ def test_batched_gemm_strided(fn, kernel):
         visible.case_strided_random(fn, kernel, B, H, M, N, K, dtype, b_transposed, seed=seed,
                                     layout=layout, quiet=True)
     a = torch.ones(2, 3, 8, 16, device=DEVICE)
-    visible.case_bad_inputs([
+    check_rejects([
         ("a 3-D a", lambda: fn(a[0], a, True)),
         ("b with another batch size", lambda: fn(a, torch.ones(1, 3, 8, 16, device=DEVICE), True)),
         ("b whose K differs from a's (b_transposed=True)", lambda: fn(a, torch.ones(2, 3, 8, 12, device=DEVICE), True)),
@@ -95,7 +95,7 @@ def test_batched_gemm_ptrs(fn, kernel):
     visible.case_ptrs(fn, kernel, a_list, b_list, True, quiet=True,
                       name="batched_gemm_ptrs with a transposed view in a_list")
     x = torch.ones(8, 16, device=DEVICE)
-    visible.case_bad_inputs([
+    check_rejects([
         ("lists of different lengths", lambda: fn([x, x], [x], True)),
         ("empty lists", lambda: fn([], [], True)),
         ("a pair whose K differs", lambda: fn([x, x], [x, torch.ones(8, 12, device=DEVICE)], True)),
