@@ -65,6 +65,28 @@ def bars(values: dict, *, title="", ylabel="", ax=None, logy=False, groups=None)
     return ax
 
 
+def tile_reads_figure(m_tiles=4, n_tiles=5, k_tiles=3, row=1, col=3):
+    """Which tiles of A [m, k] and B [k, n] one output tile C[row, col] reads, and when."""
+    a = torch.zeros(m_tiles, k_tiles)
+    b = torch.zeros(k_tiles, n_tiles)
+    c = torch.zeros(m_tiles, n_tiles)
+    a[row] = b[:, col] = 1
+    c[row, col] = 1
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2),
+                             gridspec_kw={"width_ratios": [k_tiles, n_tiles, n_tiles]})
+    for ax, grid, title in zip(axes, (a, b, c), ("A: tiles read", "B: tiles read", "C: the output tile")):
+        ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.4)
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(grid.shape[0]))
+        ax.set_title(title, fontsize=10)
+    for step in range(k_tiles):
+        axes[0].text(step, row, f"k{step}", ha="center", va="center")
+        axes[1].text(col, step, f"k{step}", ha="center", va="center")
+    axes[2].text(col, row, "acc", ha="center", va="center")
+    fig.tight_layout()
+    return fig
+
+
 def memory_hierarchy_figure():
     """The GPU memory hierarchy as boxes: fast and small at the top, large and slow below.
 

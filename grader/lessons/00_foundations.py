@@ -311,7 +311,8 @@ plt.show()
 # (blocking it leaves row 0 with nothing to attend to, and its softmax is 0/0 = NaN).
 # With equal scores, each query spreads its weight evenly over the keys it may see, so the
 # first token gives all its weight to itself and the last one spreads it over all four.
-# Module 06 skips the blocked half of a causal attention matrix entirely: about half the work.
+# Module 05's kernel skips the blocked half of a causal attention matrix entirely: about half
+# the work.
 
 # %% [markdown]
 # ### Q9 (2 points). Applying a 0/1 mask with `masked_fill`

@@ -58,29 +58,8 @@ print(course.describe())
 # steps).
 
 # %% nbgrader={"grade": false, "grade_id": "plot_tiles", "locked": true, "schema_version": 3, "solution": false, "task": false}
-def draw_tiles(m_tiles=4, n_tiles=5, k_tiles=3, row=1, col=3):
-    """Which tiles of A [m, k] and B [k, n] one output tile C[row, col] reads, and when."""
-    a = torch.zeros(m_tiles, k_tiles)
-    b = torch.zeros(k_tiles, n_tiles)
-    c = torch.zeros(m_tiles, n_tiles)
-    a[row] = b[:, col] = 1
-    c[row, col] = 1
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2),
-                             gridspec_kw={"width_ratios": [k_tiles, n_tiles, n_tiles]})
-    for ax, grid, title in zip(axes, (a, b, c), ("A: tiles read", "B: tiles read", "C: the output tile")):
-        ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.4)
-        ax.set_xticks(range(grid.shape[1]))
-        ax.set_yticks(range(grid.shape[0]))
-        ax.set_title(title, fontsize=10)
-    for step in range(k_tiles):
-        axes[0].text(step, row, f"k{step}", ha="center", va="center")
-        axes[1].text(col, step, f"k{step}", ha="center", va="center")
-    axes[2].text(col, row, "acc", ha="center", va="center")
-    fig.tight_layout()
-    plt.show()
-
-
-draw_tiles()
+plots.tile_reads_figure()
+plt.show()
 
 # %% [markdown]
 # Write `tiled_matmul(a, b, tile)`: for each `tile x tile` block of `C`, add up the
@@ -196,7 +175,8 @@ load("tiling").test_matmul(matmul, matmul_kernel)
 #
 # Attention computes, for every batch entry `b` and head `h`, `S[b, h] = Q[b, h] K[b, h]ᵀ`
 # and `O[b, h] = P[b, h] V[b, h]`: `B x H` independent small products. Launching one
-# kernel per pair costs a launch each (a few microseconds, often more than the work).
+# kernel per pair costs a launch each (tens of microseconds from Python, often more than
+# the work).
 # The design note launches **once**, on the grid `(heads, cdiv(M, TILE), batch)`:
 # program `(h, i, b)` computes row block `i` of `C[b, h]`.
 #
