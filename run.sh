@@ -16,7 +16,9 @@ stamp=".venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
     python -m pip install --quiet --upgrade pip
     if ! command -v nvidia-smi >/dev/null 2>&1; then
-        # No NVIDIA GPU: the CPU build of PyTorch (an unpinned torch pulls GBs of CUDA).
+        # No NVIDIA GPU: pinned, so pip takes the CPU build where one is on its path (a
+        # local wheel folder, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu);
+        # an unpinned torch pulls GBs of CUDA.
         python -m pip install --quiet "torch==2.13.0"
     fi
     python -m pip install --quiet -e .

@@ -5,9 +5,3 @@ import os
 os.environ.setdefault("MPLBACKEND", "Agg")  # lesson plot cells run in-process: no windows
 
 import course  # noqa: F401
-import pytest
-
-
-@pytest.fixture
-def device():
-    return course.DEVICE

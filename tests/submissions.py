@@ -3,7 +3,6 @@ bugs and broken notebooks, all derived from the lesson source (never hand-writte
 import contextlib
 import importlib
 import io
-import json
 import linecache
 
 import nbformat
@@ -14,6 +13,12 @@ from grader.build import solution_notebook, source_notebook, write_notebook
 
 def topic_of(lesson: str) -> str:
     return lesson.split("_", 1)[1]
+
+
+def lessons_with_bugs() -> list:
+    """The lessons that have a classic-bug catalog in tests/bugs/."""
+    return [name for name in paths.lesson_names()
+            if (paths.REPO / "tests" / "bugs" / f"{topic_of(name)}.py").exists()]
 
 
 def bugs_of(lesson: str) -> dict:
@@ -27,22 +32,26 @@ def cell(nb, grade_id):
     raise KeyError(f"no cell {grade_id!r}")
 
 
-def with_bug(lesson: str, bug):
-    nb = solution_notebook(lesson)
-    target = cell(nb, bug.exercise)
-    count = target.source.count(bug.find)
+def patch(nb, grade_id: str, find: str, replace: str):
+    """Replace `find`, which must occur exactly once, in the cell grade_id of nb."""
+    target = cell(nb, grade_id)
+    count = target.source.count(find)
     if count != 1:
-        raise AssertionError(f"{lesson}/{bug.exercise}: {bug.find!r} found {count} times in:\n{target.source}")
-    target.source = target.source.replace(bug.find, bug.replace)
+        raise AssertionError(f"{grade_id}: {find!r} found {count} times in:\n{target.source}")
+    target.source = target.source.replace(find, replace)
     return nb
 
 
-def release(lesson: str, modules_dir=None):
-    return nbformat.read((modules_dir or paths.MODULES) / lesson / f"{lesson}.ipynb", as_version=4)
+def with_bug(lesson: str, bug):
+    return patch(solution_notebook(lesson), bug.exercise, bug.find, bug.replace)
+
+
+def release(lesson: str):
+    return nbformat.read(paths.MODULES / lesson / f"{lesson}.ipynb", as_version=4)
 
 
 def save(nb, folder, student, lesson):
-    write_notebook(json.loads(json.dumps(nb)), folder / student / f"{lesson}.ipynb")
+    write_notebook(nb, folder / student / f"{lesson}.ipynb")
 
 
 def with_hidden_tests(lesson: str, nb):

@@ -23,6 +23,12 @@ def fresh_seed():
     return random.randrange(2**31)
 
 
+def _inputs(seed, B=1, H=2, Hkv=2, Nq=40, Nk=40, D=32, dtype=torch.float32):
+    """q, k, v, dO: fresh random, seeds seed .. seed + 3."""
+    return [randn(B, h, n, D, dtype=dtype, device=DEVICE, seed=seed + i)
+            for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)])]
+
+
 def reference(q, k, v, do, causal, sm_scale=None):
     """(o, dq, dk, dv) by float64 autograd through plain attention (GQA by repetition)."""
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -76,10 +82,7 @@ SHAPES = {
 def test_gradients_match_float64_autograd(shape, causal, fused, dtype):
     B, H, Hkv, Nq, Nk, D = shape
     seed = fresh_seed()
-    q = randn(B, H, Nq, D, dtype=dtype, device=DEVICE, seed=seed)
-    k = randn(B, Hkv, Nk, D, dtype=dtype, device=DEVICE, seed=seed + 1)
-    v = randn(B, Hkv, Nk, D, dtype=dtype, device=DEVICE, seed=seed + 2)
-    do = randn(B, H, Nq, D, dtype=dtype, device=DEVICE, seed=seed + 3)
+    q, k, v, do = _inputs(seed, B, H, Hkv, Nq, Nk, D, dtype)
     o, *grads = run_backward(q, k, v, do, causal, fused)
     o_ref, *refs = reference(q, k, v, do, causal)
     label = f"seed={seed} shape={shape} causal={causal} fused={fused}"
@@ -119,8 +122,7 @@ def test_no_reads_past_the_inputs(fused):
     """Inputs framed by NaN in memory: a load past a ragged tail would show as NaN."""
     B, H, Hkv, Nq, Nk, D = 1, 2, 2, 45, 53, 40
     seed = fresh_seed()
-    q, k, v, do = (guarded_input(randn(B, h, n, D, device=DEVICE, seed=seed + i))
-                   for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)]))
+    q, k, v, do = (guarded_input(t) for t in _inputs(seed, B, H, Hkv, Nq, Nk, D))
     o, lse = fb.flash_attention(q, k, v)
     grads = fb.flash_attention_backward(q, k, v, guarded_input(o), lse, do, fused=fused)
     _, *refs = reference(q, k, v, do, False)
@@ -131,8 +133,7 @@ def test_custom_scale_reaches_dq_and_dk():
     """sm_scale is used in P and again on dQ and dK (dS = d(scale * Q K^T))."""
     B, H, Hkv, Nq, Nk, D = 1, 2, 2, 50, 40, 32
     seed = fresh_seed()
-    q, k, v, do = (randn(B, h, n, D, device=DEVICE, seed=seed + i)
-                   for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)]))
+    q, k, v, do = _inputs(seed, B, H, Hkv, Nq, Nk, D)
     for fused in (False, True):
         _, *grads = run_backward(q, k, v, do, False, fused, sm_scale=0.3)
         _, *refs = reference(q, k, v, do, False, sm_scale=0.3)
@@ -144,8 +145,7 @@ def test_reference_derivation_matches_autograd():
     for (B, H, Hkv, Nq, Nk, D), causal in [((2, 4, 2, 13, 9, 16), True), ((1, 3, 1, 7, 11, 20), False),
                                            ((1, 2, 2, 16, 16, 16), True)]:
         seed = fresh_seed()
-        q, k, v, do = (randn(B, h, n, D, device=DEVICE, seed=seed + i)
-                       for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)]))
+        q, k, v, do = _inputs(seed, B, H, Hkv, Nq, Nk, D)
         o, *refs = reference(q, k, v, do, causal)
         lse = attention_scores(q.double(), k.double(), causal).logsumexp(-1).float()
         grads = fb.attention_backward_reference(q, k, v, o.float(), do, lse, causal)
@@ -156,11 +156,6 @@ def test_reference_derivation_matches_autograd():
 
 # ---------------------------------------------------------------------------------------
 # The checks above must fail on the module's classic mistakes.
-
-def _inputs(seed, B=1, H=2, Hkv=2, Nq=40, Nk=40, D=32):
-    return [randn(B, h, n, D, device=DEVICE, seed=seed + i)
-            for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)])]
-
 
 # A launch config that bypasses the autotuner, so a monkeypatched kernel is the one launched.
 DIRECT = {"dkdv": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
@@ -246,8 +241,7 @@ def test_bad_inputs_raise_clear_errors():
 def test_bf16_on_gpu(causal, fused):
     B, H, Hkv, Nq, Nk, D = 2, 4, 2, 300, 257, 128
     seed = fresh_seed()
-    q, k, v, do = (randn(B, h, n, D, dtype=torch.bfloat16, device=DEVICE, seed=seed + i)
-                   for i, (h, n) in enumerate([(H, Nq), (Hkv, Nk), (Hkv, Nk), (H, Nq)]))
+    q, k, v, do = _inputs(seed, B, H, Hkv, Nq, Nk, D, torch.bfloat16)
     _, *grads = run_backward(q, k, v, do, causal, fused)
     _, *refs = reference(q, k, v, do, causal)
     check_grads(grads, refs, torch.bfloat16, f"seed={seed} bf16 causal={causal} fused={fused}")

@@ -1,11 +1,11 @@
 """The GPU benchmark's report, on the CPU: the CSV of the last H100 run (committed in
 solutions/perf/) is re-drawn and tabulated, as `python -m grader bench --plot CSV` does."""
 import csv
-from pathlib import Path
 
+from grader import paths
 from solutions import bench
 
-CSV = Path(__file__).resolve().parents[1] / "solutions" / "perf" / "bench.csv"
+CSV = paths.SOLUTIONS / "perf" / "bench.csv"
 
 
 def _tflops(rows, key, impl, field):

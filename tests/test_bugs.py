@@ -4,11 +4,9 @@ its own test cell with a message that names the problem. tests/test_grading.py r
 sample of the same submissions through nbgrader itself."""
 import pytest
 
-from grader import paths
 from tests import submissions as subs
 
-LESSONS = [name for name in paths.lesson_names()
-           if (paths.REPO / "tests" / "bugs" / f"{subs.topic_of(name)}.py").exists()]
+LESSONS = subs.lessons_with_bugs()
 CASES = [(lesson, bug) for lesson in LESSONS for bug in subs.bugs_of(lesson)]
 
 

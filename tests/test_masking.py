@@ -15,7 +15,6 @@ from grader.hidden import load
 from solutions import masking as ref
 from tests.bugs.masking import BUGS
 
-LESSON = "02_masking"
 DEVICE = course.DEVICE
 NEG_INF = float("-inf")
 

@@ -8,9 +8,8 @@ class Bug:
     find: str       # text of the reference solution, found exactly once in that cell
     replace: str    # the buggy text
     says: str       # a word the learner's feedback must contain
-    test: str = ""  # grade_id of the test cell that must lose points (default test_<exercise>)
     also: tuple = ()  # later test cells that may fail too (they use this exercise's code)
 
     @property
     def test_cell(self):
-        return self.test or f"test_{self.exercise}"
+        return f"test_{self.exercise}"  # the test cell that must lose points
