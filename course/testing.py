@@ -278,19 +278,54 @@ def count_launches(kernel, before_launch=None):
         del kernel.run  # back to the class's method
 
 
+class LargestProduct(torch.overrides.TorchFunctionMode):
+    """Records the largest matrix side taken by any PyTorch matrix product inside it."""
+
+    largest = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _PRODUCTS:
+            sides = [s for t in args if isinstance(t, torch.Tensor) for s in t.shape[-2:]]
+            self.largest = max([self.largest] + sides)
+        return func(*args, **(kwargs or {}))
+
+
+def watched_call(fn, *args, kernel=None, forbid=(), before_launch=None, measure_products=False,
+                 **kwargs):
+    """Call fn(*args, **kwargs) the way checks watch a learner's function: `forbid`'s
+    PyTorch functions raise (see forbid_torch), float tensors from torch.empty/zeros are
+    guarded, launches of `kernel` are counted (before_launch as in count_launches), and with
+    measure_products the largest side of any PyTorch matrix product is recorded.
+
+    Returns (output, {"launches": n, "largest_product": side}). When the function lives in
+    a grading worker (grader/remote.py) the same happens there: fn.remote_watched_call.
+    """
+    remote = getattr(fn, "remote_watched_call", None)
+    if remote is not None:
+        return remote(args, kwargs, kernel=kernel, forbid=tuple(forbid),
+                      before_launch=before_launch, measure_products=measure_products)
+    with contextlib.ExitStack() as stack:
+        count = (stack.enter_context(count_launches(kernel, before_launch))
+                 if kernel is not None else [0])
+        stack.enter_context(forbid_torch(*forbid))
+        stack.enter_context(guarded_allocations())
+        products = stack.enter_context(LargestProduct()) if measure_products else None
+        out = fn(*args, **kwargs)
+    return out, {"launches": count[0], "largest_product": products.largest if products else 0}
+
+
 def run_wrapper(wrapper, kernel, *args, forbid, name, launches=None, hint="", before_launch=None,
                 **kwargs):
-    """Call a learner's wrapper the way every check does: PyTorch's own version of the work
-    (`forbid`, see forbid_torch) raises, its allocations are guarded, and `kernel` must be
-    launched (exactly `launches` times, if given; before_launch as in count_launches).
-    Returns the wrapper's output."""
-    with count_launches(kernel, before_launch) as count, forbid_torch(forbid), guarded_allocations():
-        out = wrapper(*args, **kwargs)
+    """Call a learner's wrapper the way every check does (watched_call): PyTorch's own
+    version of the work (`forbid`) raises, its allocations are guarded, and `kernel` must be
+    launched (exactly `launches` times, if given). Returns the wrapper's output."""
+    out, report = watched_call(wrapper, *args, kernel=kernel, forbid=(forbid,),
+                               before_launch=before_launch, **kwargs)
     kernel_name = getattr(kernel, "__name__", "the kernel")
-    if count[0] == 0:
+    if report["launches"] == 0:
         fail(f"{name}: {kernel_name} was never launched; the wrapper must launch it")
-    if launches is not None and count[0] != launches:
-        fail(f"{name}: {kernel_name} was launched {count[0]} times, expected {launches}"
+    if launches is not None and report["launches"] != launches:
+        fail(f"{name}: {kernel_name} was launched {report['launches']} times, expected {launches}"
              + (f": {hint}" if hint else ""))
     return out
 
@@ -311,16 +346,27 @@ def check_rejects(calls, *, name):
         fail(f"{name} accepted {description}: check the inputs and raise ValueError or TypeError")
 
 
+_MATMULS = ("matmul", "mm", "bmm", "einsum", "tensordot", "addmm", "addbmm", "baddbmm", "addmv",
+            "mv", "dot", "vdot", "inner", "chain_matmul", "linear", "bilinear")
+_PRODUCTS = {getattr(owner, name) for owner in (torch, torch.Tensor, torch.nn.functional, torch.linalg)
+             for name in _MATMULS + ("__matmul__", "__rmatmul__", "multi_dot") if hasattr(owner, name)}
+_SOFTMAXES = ("softmax", "log_softmax", "softmin", "gumbel_softmax", "scaled_dot_product_attention")
+# What each rule forbids: every PyTorch path that computes the exercise's answer.
+_FORBIDDEN = {
+    "softmax": [(torch, _SOFTMAXES), (torch.Tensor, _SOFTMAXES), (torch.nn.functional, _SOFTMAXES),
+                (torch.special, _SOFTMAXES)],
+    "attention": [(torch.nn.functional, ("scaled_dot_product_attention",))],
+    "matmul": [(torch, _MATMULS), (torch.Tensor, _MATMULS + ("__matmul__", "__rmatmul__")),
+               (torch.nn.functional, _MATMULS), (torch.linalg, ("matmul", "multi_dot", "vecdot"))],
+}
+
+
 @contextlib.contextmanager
 def forbid_torch(*names):
-    """Make PyTorch functions raise inside the block (e.g. "softmax", "matmul")."""
-    import torch.nn.functional as F
-    places = {"softmax": [(torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
-                          (torch, "log_softmax"), (F, "log_softmax")],
-              "attention": [(F, "scaled_dot_product_attention")],
-              "matmul": [(torch, "matmul"), (torch, "bmm"), (torch, "mm"), (torch, "einsum"),
-                         (torch.Tensor, "__matmul__"), (torch.Tensor, "matmul"),
-                         (torch.Tensor, "bmm"), (torch.Tensor, "mm")]}
+    """Make PyTorch functions raise inside the block (groups of _FORBIDDEN: "softmax",
+    "matmul", "attention")."""
+    places = {name: [(owner, attr) for owner, attrs in groups for attr in attrs if hasattr(owner, attr)]
+              for name, groups in _FORBIDDEN.items()}
     saved = []
     for name in names:
         for owner, attr in places[name]:

@@ -1,6 +1,9 @@
 """Lesson source (jupytext) -> instructor notebook -> student release.
 
-See ARCHITECTURE.md. The only inputs are grader/lessons/NN_topic.py and solutions/.
+See ARCHITECTURE.md. The only inputs are grader/lessons/NN_topic/lesson.py and solutions/.
+Two directives bring code from solutions/topic.py into a cell, so it exists once:
+`# solution: topic.name` (an exercise: the body becomes the solution region) and
+`# given: topic.NAME` (a value the lesson hands the learner, pasted as it is).
 """
 import ast
 import json
@@ -11,7 +14,7 @@ import nbformat
 
 from grader import paths
 
-_DIRECTIVE = re.compile(r"^(\s*)# solution: (\w+)\.(\w+)\s*$")
+_DIRECTIVE = re.compile(r"^(\s*)# (solution|given): (\w+)\.(\w+)\s*$")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 
@@ -39,14 +42,32 @@ def _solution_code(topic: str, name: str) -> str:
     raise ValueError(f"solutions/{topic}.py defines no function or variable {name!r}")
 
 
-def _fill(cell_source: str) -> str:
+def _given_code(topic: str, name: str) -> str:
+    """The statement that assigns `name` in solutions/topic.py, with the comment above it."""
+    source = (paths.SOLUTIONS / f"{topic}.py").read_text()
+    lines = source.splitlines()
+    for node in ast.parse(source).body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            start = node.lineno - 1
+            while start > 0 and lines[start - 1].lstrip().startswith("#"):
+                start -= 1
+            return "\n".join(lines[start:node.end_lineno])
+    raise ValueError(f"solutions/{topic}.py assigns no {name!r}")
+
+
+def _fill(cell_source: str, solution: bool) -> str:
     out = []
     for line in cell_source.split("\n"):
         match = _DIRECTIVE.match(line)
         if match:
-            indent, topic, name = match.groups()
-            out.append("\n".join(indent + l if l else l
-                                 for l in _solution_code(topic, name).split("\n")))
+            indent, kind, topic, name = match.groups()
+            if (kind == "solution") != solution:
+                raise ValueError(f"`# {kind}:` in a{' solution' if solution else ' locked'} cell: "
+                                 "solutions go in solution cells, given values in locked ones")
+            code = _solution_code(topic, name) if kind == "solution" else _given_code(topic, name)
+            out.append("\n".join(indent + l if l else l for l in code.split("\n")))
         else:
             out.append(line)
     return "\n".join(out)
@@ -57,10 +78,8 @@ def source_notebook(name: str) -> nbformat.NotebookNode:
     nb = jupytext.read(paths.lesson_path(name), fmt="py:percent")
     for index, cell in enumerate(nb.cells):
         meta = cell.metadata.get("nbgrader", {})
-        if meta.get("solution"):
-            cell.source = _fill(cell.source)
-        elif "# solution:" in cell.source:
-            raise ValueError(f"{name}: cell {index} names a solution but is not a solution cell")
+        if cell.cell_type == "code":
+            cell.source = _fill(cell.source, bool(meta.get("solution")))
         # Deterministic ids, so that a rebuild gives the same bytes.
         cell.id = f"{index:03d}-{meta.get('grade_id', cell.cell_type)}"[:64]
     nb.metadata.pop("jupytext", None)
@@ -71,26 +90,16 @@ def source_notebook(name: str) -> nbformat.NotebookNode:
     return nb
 
 
-def _strip_between(text: str, begin: str, end: str, keep_inside: bool) -> str:
-    out, inside = [], False
-    for line in text.split("\n"):
-        if begin in line:
-            inside = True
-        elif end in line:
-            inside = False
-        elif keep_inside or not inside:
-            out.append(line)
-    return "\n".join(out)
+def _strip_between(text: str, begin: str, end: str) -> str:
+    """text without its marker lines."""
+    return "\n".join(line for line in text.split("\n") if begin not in line and end not in line)
 
 
 def solution_notebook(name: str) -> nbformat.NotebookNode:
-    """What a learner who solved everything would submit: solutions in, markers and
-    hidden tests out (nbgrader puts the hidden tests back at autograde)."""
+    """What a learner who solved everything would submit: solutions in, markers out."""
     nb = source_notebook(name)
     for cell in nb.cells:
-        cell.source = _strip_between(cell.source, BEGIN, END, keep_inside=True)
-        cell.source = _strip_between(cell.source, "### BEGIN HIDDEN TESTS",
-                                     "### END HIDDEN TESTS", keep_inside=False)
+        cell.source = _strip_between(cell.source, BEGIN, END)
     return nb
 
 

@@ -1,17 +1,19 @@
 """Module 00, reference answers: the level-0 quiz (vectors, softmax, memory, masks).
 
-Each answer is a module-level name the lesson's exercise cells fill in. The given data
-(u, v, a, b, x) is defined here exactly as the lesson's locked cells define it, so that
-this file runs on its own.
+Each answer is a module-level name the lesson's exercise cells fill in; the given data
+(u, v, a, b, x) is pasted into the lesson's locked cells by `# given:` directives, and the
+hidden tests take the answer key from here, so every answer and given value exists once.
 """
 import torch
 
-# Given data, as in the lesson's locked cells.
 u = torch.tensor([1.0, 2.0, 3.0])
 v = torch.tensor([4.0, 5.0, 6.0])
-a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
-b = torch.tensor([[5.0, 6.0], [7.0, 8.0]])
-x = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
+a = torch.tensor([[1.0, 2.0],
+                  [3.0, 4.0]])
+b = torch.tensor([[5.0, 6.0],
+                  [7.0, 8.0]])
+x = torch.tensor([[1.0, 2.0, 3.0],
+                  [3.0, 2.0, 1.0]])
 
 # Q1: sqrt(3^2 + 4^2).
 q01_l2_norm = torch.linalg.vector_norm(torch.tensor([3.0, 4.0])).item()

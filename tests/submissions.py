@@ -1,28 +1,23 @@
 """Make submissions for grading tests: the reference, the untouched release, classic
 bugs and broken notebooks, all derived from the lesson source (never hand-written)."""
 import contextlib
-import importlib
 import io
 import linecache
 
 import nbformat
 
-from grader import paths
-from grader.build import solution_notebook, source_notebook, write_notebook
-
-
-def topic_of(lesson: str) -> str:
-    return lesson.split("_", 1)[1]
+from grader import grading, paths
+from grader.build import solution_notebook, write_notebook
 
 
 def lessons_with_bugs() -> list:
-    """The lessons that have a classic-bug catalog in tests/bugs/."""
+    """The lessons that have a classic-bug catalog (grader/lessons/<lesson>/bugs.py)."""
     return [name for name in paths.lesson_names()
-            if (paths.REPO / "tests" / "bugs" / f"{topic_of(name)}.py").exists()]
+            if (paths.lesson_path(name).parent / "bugs.py").exists()]
 
 
 def bugs_of(lesson: str) -> dict:
-    return importlib.import_module(f"tests.bugs.{topic_of(lesson)}").BUGS
+    return paths.lesson_file(lesson, "bugs").BUGS
 
 
 def cell(nb, grade_id):
@@ -54,25 +49,17 @@ def save(nb, folder, student, lesson):
     write_notebook(nb, folder / student / f"{lesson}.ipynb")
 
 
-def with_hidden_tests(lesson: str, nb):
-    """Test cells as nbgrader runs them at autograde: their full source, hidden tests in."""
-    source = source_notebook(lesson)
-    for c in nb.cells:
-        grade_id = c.metadata.get("nbgrader", {}).get("grade_id")
-        if c.metadata.get("nbgrader", {}).get("grade"):
-            c.source = cell(source, grade_id).source
-    return nb
-
-
 def run_in_process(lesson: str, nb) -> dict:
-    """Run the code cells in order in this process, as a kernel would (fast, for tests).
+    """Run the notebook's code cells in order in this process, as a kernel would, then grade
+    its test cells with the notebook's objects directly (fast, for tests; the grader runs
+    the same tests with the code in a sandboxed worker).
 
-    Returns {test cell grade_id: None if it passed, else "ExceptionName: message"}.
+    Returns {test cell grade_id: None if it passed, else its failure message}.
     """
     import matplotlib.pyplot as plt
-    namespace, results = {}, {}
+    namespace = {}
     for index, c in enumerate(nb.cells):
-        if c.cell_type != "code":
+        if c.cell_type != "code" or c.metadata.get("nbgrader", {}).get("grade"):
             continue
         grade_id = c.metadata.get("nbgrader", {}).get("grade_id", f"cell{index}")
         # Register the source as IPython does: @triton.jit reads a kernel's source back.
@@ -81,10 +68,8 @@ def run_in_process(lesson: str, nb) -> dict:
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 exec(compile(c.source, filename, "exec"), namespace)
-            error = None
-        except Exception as exc:  # a failing cell is recorded; the next one still runs
-            error = f"{type(exc).__name__}: {exc}"
-        if c.metadata.get("nbgrader", {}).get("grade"):
-            results[grade_id] = error
+        except Exception:  # a failing cell is the notebook's problem; the next one still runs
+            pass
     plt.close("all")
-    return results
+    graded = grading.grade(grading.Lesson(lesson), nb, objects=namespace)
+    return {grade_id: None if r.passed else r.message for grade_id, r in graded.tests.items()}

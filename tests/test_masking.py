@@ -11,9 +11,8 @@ import torch.nn.functional as F
 
 import course
 from course.checks import masking as checks
-from grader.hidden import load
+from grader.paths import lesson_file
 from solutions import masking as ref
-from tests.bugs.masking import BUGS
 
 DEVICE = course.DEVICE
 NEG_INF = float("-inf")
@@ -132,7 +131,7 @@ CALLS = {  # exercise: arguments of its check and hidden test
 def test_visible_checks_and_hidden_tests_pass_the_reference(exercise):
     with contextlib.redirect_stdout(io.StringIO()):
         getattr(checks, f"check_{exercise}")(*CALLS[exercise])
-        getattr(load("masking"), f"test_{exercise}")(*CALLS[exercise])
+        getattr(lesson_file("02_masking", "hidden"), f"test_{exercise}")(*CALLS[exercise])
 
 
 def test_catalog_has_the_classic_bugs():

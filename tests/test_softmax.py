@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from grader.hidden import load
+from grader.paths import lesson_file
 from solutions import softmax as ref
 from course.checks import softmax as checks
 
@@ -16,7 +16,7 @@ def test_reference_passes_visible_checks():
 
 
 def test_reference_passes_hidden_tests():
-    hidden = load("softmax")
+    hidden = lesson_file("01_softmax", "hidden")
     hidden.test_softmax_naive(ref.softmax_naive)
     hidden.test_softmax_stable(ref.softmax_stable)
     hidden.test_online_softmax(ref.online_softmax)

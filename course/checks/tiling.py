@@ -7,7 +7,7 @@ from course import DEVICE, INTERPRET
 from course.gpu_compile import compile_for_gpu
 from course.testing import (assert_close, assert_not_trivial, check_rejects, dtype_name,
                             explain_nan_from_guards, fail, guarded_input, guarded_output, randn,
-                            run_wrapper)
+                            run_wrapper, watched_call)
 
 BLOCK = 32          # block sizes the checks launch a learner's matmul_kernel with
 ROW_COL = ("row", "col")
@@ -28,29 +28,11 @@ def _check_dtype(out, dtype, name):
 # ---------------------------------------------------------------------------------------
 # tiled_matmul
 
-_PRODUCTS = {torch.matmul, torch.mm, torch.bmm, torch.einsum, torch.addmm, torch.tensordot,
-             torch.nn.functional.linear, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
-             torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.bmm, torch.Tensor.addmm}
-
-
-class _LargestProduct(torch.overrides.TorchFunctionMode):
-    """Records the largest matrix side taken by any matrix product made inside it."""
-
-    largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _PRODUCTS:
-            sides = [s for t in args if isinstance(t, torch.Tensor) for s in t.shape[-2:]]
-            self.largest = max([self.largest] + sides)
-        return func(*args, **(kwargs or {}))
-
-
 def case_tiled_matmul(fn, M, N, K, tile, dtype, *, seed, quiet=False):
     a = randn(M, K, dtype=dtype, seed=seed)
     b = randn(K, N, dtype=dtype, seed=seed + 1)
     name = f"tiled_matmul({dtype_name(dtype)} [{M}, {K}] @ [{K}, {N}], tile={tile})"
-    with _LargestProduct() as products:
-        out = fn(a.clone(), b.clone(), tile)
+    out, report = watched_call(fn, a.clone(), b.clone(), tile, measure_products=True)
     last_k = (K - 1) // tile * tile
     assert_close(out, a.double() @ b.double(), name=name, dim_names=ROW_COL, quiet=quiet,
                  mistakes={"only the last block along K counts: add each block product to the "
@@ -60,8 +42,8 @@ def case_tiled_matmul(fn, M, N, K, tile, dtype, *, seed, quiet=False):
                       "are smaller when a size is not a multiple of the tile")
     assert_not_trivial(out, name=name)
     _check_dtype(out, dtype, name)
-    if products.largest > tile:
-        fail(f"{name} multiplied matrices with a side of {products.largest}, larger than the "
+    if report["largest_product"] > tile:
+        fail(f"{name} multiplied matrices with a side of {report['largest_product']}, larger than the "
              "tile: compute C one tile x tile block at a time, from tile x tile blocks of A and B")
 
 

@@ -1,5 +1,5 @@
 """Classic bugs of module 01 (softmax)."""
-from tests.bugs import Bug
+from grader.bugs import Bug
 
 BUGS = {
     "no_max_subtraction": Bug(

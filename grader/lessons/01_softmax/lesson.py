@@ -54,10 +54,6 @@ print(course.describe())
 
 # %% nbgrader={"grade": true, "grade_id": "test_softmax_naive", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_softmax_naive(softmax_naive)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("softmax").test_softmax_naive(softmax_naive)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # Now feed it scores that are merely large. `exp(1000)` does not fit in a float32
@@ -82,10 +78,6 @@ print("torch.softmax(big) =", torch.softmax(big, dim=-1))
 
 # %% nbgrader={"grade": true, "grade_id": "test_softmax_stable", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_softmax_stable(softmax_stable)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("softmax").test_softmax_stable(softmax_stable)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # Scores and the probabilities they give. Notice that shifting every score by the same
@@ -154,10 +146,6 @@ print("right :", torch.softmax(x_demo, dim=-1))
 
 # %% nbgrader={"grade": true, "grade_id": "test_rescale_bug", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_choice(rescale_bug_answer, name="rescale_bug_answer")
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("softmax").test_rescale_bug(rescale_bug_answer)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # Now write the fixed `online_softmax`. It must touch each element of `x` once to build
@@ -169,10 +157,6 @@ load("softmax").test_rescale_bug(rescale_bug_answer)
 
 # %% nbgrader={"grade": true, "grade_id": "test_online_softmax", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 checks.check_online_softmax(online_softmax)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("softmax").test_online_softmax(online_softmax)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # The running statistics over the blocks of one row: the max only grows, and each time it
@@ -221,10 +205,6 @@ plt.show()
 
 # %% nbgrader={"grade": true, "grade_id": "test_softmax_kernel", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 checks.check_softmax_kernel(softmax_kernel)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("softmax").test_softmax_kernel(softmax_kernel)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # The wrapper allocates the output, picks `BLOCK_SIZE = triton.next_power_of_2(n_cols)`
@@ -236,10 +216,6 @@ load("softmax").test_softmax_kernel(softmax_kernel)
 
 # %% nbgrader={"grade": true, "grade_id": "test_softmax", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_softmax(softmax, softmax_kernel)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("softmax").test_softmax(softmax, softmax_kernel)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 5. Will it compile on a GPU?

@@ -9,9 +9,7 @@ import math
 import torch
 
 from course.testing import fail
-
-_KEY = {"q05_sram_vs_dram": "b", "q06_subtract_max": "b", "q07_tiling": "b",
-        "q11_low_precision": "c"}
+from solutions import foundations as key
 
 _CHOICE_HINTS = {
     "q05_sram_vs_dram": "think about where each memory sits relative to the compute units "
@@ -47,7 +45,7 @@ def _close(actual, expected):
 def _choice(answer, name):
     if not isinstance(answer, str) or answer.strip().lower() not in ("a", "b", "c", "d"):
         fail(f'{name} should be one letter, "a" to "d"')
-    if answer.strip().lower() != _KEY[name]:
+    if answer.strip().lower() != getattr(key, name):
         fail(f"{name} is not the right choice: {_CHOICE_HINTS[name]}.")
     print(f"ok  {name}: right")
 
@@ -59,7 +57,7 @@ def test_q01_l2_norm(value):
     if math.isclose(value, 7.0):
         fail("q01_l2_norm is the L1 norm (the sum of absolute values): the L2 norm is the "
              "square root of the sum of squares.")
-    if not math.isclose(value, 5.0, rel_tol=1e-5):
+    if not math.isclose(value, key.q01_l2_norm, rel_tol=1e-5):
         fail("q01_l2_norm is not right: the L2 norm is the square root of the sum of squares, "
              "the length of the arrow from the origin to the point (3, 4).")
     print("ok  q01_l2_norm: right")
@@ -67,7 +65,7 @@ def test_q01_l2_norm(value):
 
 def test_q02_dot(value):
     value = _number(value, "q02_dot")
-    if not math.isclose(value, 32.0, rel_tol=1e-5):
+    if not math.isclose(value, key.q02_dot, rel_tol=1e-5):
         fail("q02_dot is not right: a dot product multiplies matching entries (first with "
              "first, second with second, ...) and adds up the products.")
     print("ok  q02_dot: right")
@@ -75,8 +73,7 @@ def test_q02_dot(value):
 
 def test_q03_matmul(value):
     got = _tensor(value, "q03_matmul", (2, 2))
-    a = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
-    b = torch.tensor([[5.0, 6.0], [7.0, 8.0]], dtype=torch.float64)
+    a, b = key.a.double(), key.b.double()
     if _close(got, a * b):
         fail("q03_matmul is the elementwise product: in a matrix product, entry (i, j) is "
              "the dot product of row i of a with column j of b.")
@@ -94,7 +91,7 @@ def test_q04_softmax(softmax_123, softmax_dim0, softmax_dim1, attention_dim):
     if not _close(_tensor(softmax_123, "q04_softmax_123", (3,)), v.exp() / v.exp().sum()):
         fail("q04_softmax_123 is not right: exponentiate each entry, then divide by the sum "
              "of the exponentials, so that the weights are positive and sum to 1.")
-    x = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]], dtype=torch.float64)
+    x = key.x.double()
     along0, along1 = torch.softmax(x, dim=0), torch.softmax(x, dim=1)
     got0 = _tensor(softmax_dim0, "q04_softmax_dim0", (2, 3))
     got1 = _tensor(softmax_dim1, "q04_softmax_dim1", (2, 3))
@@ -193,7 +190,7 @@ def test_q10_fusion(value):
              "DRAM by one kernel and read back by the next, two trips each.")
     if math.isclose(value, 4 * n2):
         fail("q10_fusion_bytes_saved counts elements, not bytes: an FP16 element is 2 bytes.")
-    if not math.isclose(value, 4 * n2 * 2):
+    if not math.isclose(value, key.q10_fusion_bytes_saved):
         fail("q10_fusion_bytes_saved is not right: count the N x N matrices that travel "
              "between kernels, how often each is written and read, and 2 bytes per FP16 "
              "element.")

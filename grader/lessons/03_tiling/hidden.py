@@ -6,6 +6,17 @@ import torch
 from course import DEVICE, INTERPRET
 from course.checks import tiling as visible
 from course.testing import check_rejects, dtype_name, fail, randn
+from grader.rules import JitKernel, Launches
+
+# Checked on the submitted code (grader/rules.py): the worker's launch count and
+# forbidden-function checks are only as honest as the notebook lets them be.
+RULES = {
+    "test_matmul_kernel": [JitKernel("matmul_kernel")],
+    "test_matmul": [Launches("matmul", "matmul_kernel", forbid="matmul")],
+    "test_batched_gemm_strided": [Launches("batched_gemm_strided", "batched_gemm_strided_kernel",
+                                           forbid="matmul")],
+    "test_batched_gemm_ptrs": [Launches("batched_gemm_ptrs", "batched_gemm_ptrs_kernel", forbid="matmul")],
+}
 
 SEEDS = (31, 32, 33)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)

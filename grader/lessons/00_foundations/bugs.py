@@ -1,5 +1,5 @@
 """Classic wrong answers of module 00 (the foundations quiz): each loses its question."""
-from tests.bugs import Bug
+from grader.bugs import Bug
 
 BUGS = {
     "l2_without_sqrt": Bug(

@@ -72,10 +72,6 @@ plt.show()
 
 # %% nbgrader={"grade": true, "grade_id": "test_tiled_matmul", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_tiled_matmul(tiled_matmul)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("tiling").test_tiled_matmul(tiled_matmul)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 2. Counting DRAM reads
@@ -92,10 +88,6 @@ load("tiling").test_tiled_matmul(tiled_matmul)
 
 # %% nbgrader={"grade": true, "grade_id": "test_dram_reads", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_dram_reads(dram_reads, dram_reads_untiled)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("tiling").test_dram_reads(dram_reads, dram_reads_untiled)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # For a 1024 x 1024 x 1024 product: each doubling of the tile halves the reads. The tile
@@ -118,11 +110,10 @@ plt.show()
 # side to be at least 16 on a GPU.
 
 # %% nbgrader={"grade": false, "grade_id": "constants", "locked": true, "schema_version": 3, "solution": false, "task": false}
-TILE = course.pick(32, 64)   # output tiles are TILE x TILE (BLOCK_M = BLOCK_N)
-TILE_K = 32                  # K is walked TILE_K at a time (BLOCK_K)
-MAX_GRID_YZ = 65535          # CUDA's limit on grid axes 1 and 2 (axis 0: 2**31 - 1)
-TRITON_DTYPES = {torch.float16: tl.float16, torch.float32: tl.float32,
-                 torch.bfloat16: tl.bfloat16}
+# given: tiling.TILE
+# given: tiling.TILE_K
+# given: tiling.MAX_GRID_YZ
+# given: tiling.TRITON_DTYPES
 
 # %% [markdown]
 # One program per output tile: program `(i, j)` owns rows `i*BLOCK_M ...` and columns
@@ -147,10 +138,6 @@ TRITON_DTYPES = {torch.float16: tl.float16, torch.float32: tl.float32,
 
 # %% nbgrader={"grade": true, "grade_id": "test_matmul_kernel", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 checks.check_matmul_kernel(matmul_kernel)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("tiling").test_matmul_kernel(matmul_kernel)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # The wrapper checks its inputs (`check_inputs` serves every wrapper below: clear errors
@@ -165,10 +152,6 @@ load("tiling").test_matmul_kernel(matmul_kernel)
 
 # %% nbgrader={"grade": true, "grade_id": "test_matmul", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_matmul(matmul, matmul_kernel)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("tiling").test_matmul(matmul, matmul_kernel)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 4. Batched GEMM, by strides
@@ -204,10 +187,6 @@ load("tiling").test_matmul(matmul, matmul_kernel)
 
 # %% nbgrader={"grade": true, "grade_id": "test_batched_gemm_strided", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 checks.check_batched_gemm_strided(batched_gemm_strided, batched_gemm_strided_kernel)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("tiling").test_batched_gemm_strided(batched_gemm_strided, batched_gemm_strided_kernel)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # Strides are why no copy is needed. A projection usually gives `[B, N, H, D]`; viewed as
@@ -249,10 +228,6 @@ print("Q Kᵀ:", tuple(scores.shape), "max error",
 
 # %% nbgrader={"grade": true, "grade_id": "test_batched_gemm_ptrs", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 checks.check_batched_gemm_ptrs(batched_gemm_ptrs, batched_gemm_ptrs_kernel)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("tiling").test_batched_gemm_ptrs(batched_gemm_ptrs, batched_gemm_ptrs_kernel)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 6. Which dispatch when
@@ -267,10 +242,6 @@ load("tiling").test_batched_gemm_ptrs(batched_gemm_ptrs, batched_gemm_ptrs_kerne
 
 # %% nbgrader={"grade": true, "grade_id": "test_compare_dispatch", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_compare_dispatch(compare_dispatch, TILE)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("tiling").test_compare_dispatch(compare_dispatch, TILE)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # Two attention shapes, 8 sequences x 16 heads, head dim 64, fp16: a **prefill**

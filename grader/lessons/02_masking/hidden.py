@@ -4,6 +4,12 @@ import torch
 from course import DEVICE, INTERPRET
 from course.checks import masking as visible
 from course.testing import assert_close, check_rejects, dtype_name, fail, randn
+from grader.rules import JitKernel, Launches
+
+# Checked on the submitted code (grader/rules.py): the worker's launch count and
+# forbidden-function checks are only as honest as the notebook lets them be.
+RULES = {"test_masked_softmax_kernel": [JitKernel("masked_softmax_kernel")],
+         "test_masked_softmax": [Launches("masked_softmax", "masked_softmax_kernel", forbid="softmax")]}
 
 SEEDS = (21, 22, 23)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)

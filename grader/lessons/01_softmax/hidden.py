@@ -4,6 +4,13 @@ import torch
 from course import DEVICE, INTERPRET, pick
 from course.checks import softmax as visible
 from course.testing import check_rejects, fail, randn
+from solutions import softmax as key
+from grader.rules import JitKernel, Launches
+
+# Checked on the submitted code (grader/rules.py): the worker's launch count and
+# forbidden-function checks are only as honest as the notebook lets them be.
+RULES = {"test_softmax_kernel": [JitKernel("softmax_kernel")],
+         "test_softmax": [Launches("softmax", "softmax_kernel", forbid="softmax")]}
 
 SEEDS = (11, 12, 13)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
@@ -35,7 +42,7 @@ def test_online_softmax(fn):
 
 def test_rescale_bug(answer):
     visible.check_choice(answer, name="rescale_bug_answer")
-    if answer.strip().lower() != "b":
+    if answer.strip().lower() != key.rescale_bug_answer:
         fail("rescale_bug_answer is not the right choice: look at the value of m when "
              "exp(m_old - m_new) is computed in the buggy version.")
 

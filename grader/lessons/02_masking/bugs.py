@@ -1,5 +1,5 @@
 """Classic bugs of module 02 (masking)."""
-from tests.bugs import Bug
+from grader.bugs import Bug
 
 BUGS = {
     "causal_off_by_one": Bug(

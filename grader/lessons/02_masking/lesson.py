@@ -66,10 +66,6 @@ print(course.describe())
 
 # %% nbgrader={"grade": true, "grade_id": "test_causal_mask_bool", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_causal_mask_bool(causal_mask_bool)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("masking").test_causal_mask_bool(causal_mask_bool)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # The same mask in **additive** form: a float tensor with `0` where a key is visible and
@@ -82,10 +78,6 @@ load("masking").test_causal_mask_bool(causal_mask_bool)
 
 # %% nbgrader={"grade": true, "grade_id": "test_causal_mask", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_causal_mask(causal_mask)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("masking").test_causal_mask(causal_mask)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 2. Applying a mask
@@ -101,10 +93,6 @@ load("masking").test_causal_mask(causal_mask)
 
 # %% nbgrader={"grade": true, "grade_id": "test_apply_mask", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_apply_mask(apply_mask)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("masking").test_apply_mask(apply_mask)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # Random scores for 6 tokens, the causal mask, the masked scores (`-inf` shows as white)
@@ -141,10 +129,6 @@ plt.show()
 
 # %% nbgrader={"grade": true, "grade_id": "test_padding_mask", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_padding_mask(padding_mask)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("masking").test_padding_mask(padding_mask)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # Sequence 1 of the batch (length 4): the padding mask hides the key columns 4 and 5 for
@@ -186,10 +170,6 @@ print("weights of sequence 1:\n", torch.softmax(empty, dim=-1)[1])
 
 # %% nbgrader={"grade": true, "grade_id": "test_safe_softmax", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_safe_softmax(safe_softmax)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("masking").test_safe_softmax(safe_softmax)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 5. A masked softmax in Triton
@@ -216,10 +196,6 @@ load("masking").test_safe_softmax(safe_softmax)
 
 # %% nbgrader={"grade": true, "grade_id": "test_masked_softmax_kernel", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 checks.check_masked_softmax_kernel(masked_softmax_kernel)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("masking").test_masked_softmax_kernel(masked_softmax_kernel)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # The wrapper `masked_softmax(scores, causal=True, lengths=None)`:
@@ -239,10 +215,6 @@ load("masking").test_masked_softmax_kernel(masked_softmax_kernel)
 
 # %% nbgrader={"grade": true, "grade_id": "test_masked_softmax", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_masked_softmax(masked_softmax, masked_softmax_kernel)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("masking").test_masked_softmax(masked_softmax, masked_softmax_kernel)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # Your kernel on a padded batch, causal, with 5 queries and 8 keys (`M != N`): sequence 2

@@ -42,10 +42,6 @@ from course.checks import foundations as checks
 
 # %% nbgrader={"grade": true, "grade_id": "test_q01_l2_norm", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_q01_l2_norm(q01_l2_norm)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q01_l2_norm(q01_l2_norm)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** The L2 norm is the length of the arrow from the origin to the point (3, 4): by
@@ -59,8 +55,8 @@ load("foundations").test_q01_l2_norm(q01_l2_norm)
 # Set `q02_dot` to the dot product of `u` and `v` below (a number).
 
 # %% nbgrader={"grade": false, "grade_id": "given_q02", "locked": true, "schema_version": 3, "solution": false, "task": false}
-u = torch.tensor([1.0, 2.0, 3.0])
-v = torch.tensor([4.0, 5.0, 6.0])
+# given: foundations.u
+# given: foundations.v
 
 # %% nbgrader={"grade": false, "grade_id": "q02_dot", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # q02_dot = the dot product of u and v (a number)
@@ -68,10 +64,6 @@ v = torch.tensor([4.0, 5.0, 6.0])
 
 # %% nbgrader={"grade": true, "grade_id": "test_q02_dot", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_q02_dot(q02_dot)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q02_dot(q02_dot)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** First entry times first entry, plus second times second, plus third times
@@ -86,10 +78,8 @@ load("foundations").test_q02_dot(q02_dot)
 # `b`. Try it by hand first, then with torch.
 
 # %% nbgrader={"grade": false, "grade_id": "given_q03", "locked": true, "schema_version": 3, "solution": false, "task": false}
-a = torch.tensor([[1.0, 2.0],
-                  [3.0, 4.0]])
-b = torch.tensor([[5.0, 6.0],
-                  [7.0, 8.0]])
+# given: foundations.a
+# given: foundations.b
 
 # %% nbgrader={"grade": false, "grade_id": "q03_matmul", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # q03_matmul = the matrix product of a and b (a 2x2 tensor)
@@ -97,10 +87,6 @@ b = torch.tensor([[5.0, 6.0],
 
 # %% nbgrader={"grade": true, "grade_id": "test_q03_matmul", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_q03_matmul(q03_matmul)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q03_matmul(q03_matmul)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** Entry (0, 0) takes row 0 of `a`, [1, 2], and column 0 of `b`, [5, 7]; entry
@@ -127,8 +113,7 @@ load("foundations").test_q03_matmul(q03_matmul)
 # Look at which entries sum to 1 in each of your results.
 
 # %% nbgrader={"grade": false, "grade_id": "given_q04", "locked": true, "schema_version": 3, "solution": false, "task": false}
-x = torch.tensor([[1.0, 2.0, 3.0],
-                  [3.0, 2.0, 1.0]])
+# given: foundations.x
 
 # %% nbgrader={"grade": false, "grade_id": "q04_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # q04_softmax_123 = softmax of [1, 2, 3]
@@ -142,11 +127,6 @@ x = torch.tensor([[1.0, 2.0, 3.0],
 
 # %% nbgrader={"grade": true, "grade_id": "test_q04_softmax", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_q04_softmax(q04_softmax_123, q04_softmax_dim0, q04_softmax_dim1, q04_attention_dim)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q04_softmax(q04_softmax_123, q04_softmax_dim0, q04_softmax_dim1,
-                                     q04_attention_dim)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** softmax([1, 2, 3]) is e¹, e², e³ divided by their sum: each step of 1 in the
@@ -182,10 +162,6 @@ load("foundations").test_q04_softmax(q04_softmax_123, q04_softmax_dim0, q04_soft
 
 # %% nbgrader={"grade": true, "grade_id": "test_q05_sram_vs_dram", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_choice(q05_sram_vs_dram, name="q05_sram_vs_dram")
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q05_sram_vs_dram(q05_sram_vs_dram)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** The picture below shows the hierarchy of an H100 (approximate figures). SRAM
@@ -218,10 +194,6 @@ plt.show()
 
 # %% nbgrader={"grade": true, "grade_id": "test_q06_subtract_max", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_choice(q06_subtract_max, name="q06_subtract_max")
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q06_subtract_max(q06_subtract_max)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** $e^{x_i - c} / \sum_j e^{x_j - c} = e^{x_i} / \sum_j e^{x_j}$: the factor
@@ -256,10 +228,6 @@ print("softmax with the shift    =", shifted / shifted.sum())
 
 # %% nbgrader={"grade": true, "grade_id": "test_q07_tiling", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_choice(q07_tiling, name="q07_tiling")
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q07_tiling(q07_tiling)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** In C = A B each entry of A is used N times and each entry of B M times. Reading
@@ -291,10 +259,6 @@ load("foundations").test_q07_tiling(q07_tiling)
 
 # %% nbgrader={"grade": true, "grade_id": "test_q08_causal", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_q08_causal(q08_causal_mask, q08_causal_weights)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q08_causal(q08_causal_mask, q08_causal_weights)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # Your mask and your weights as pictures (white = `-inf`). Does row 0 look at one key only,
@@ -328,10 +292,6 @@ plt.show()
 
 # %% nbgrader={"grade": true, "grade_id": "test_q09_masked_softmax", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 checks.check_q09_masked_softmax(q09_masked_softmax)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q09_masked_softmax(q09_masked_softmax)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** `masked_fill(condition, value)` replaces the entries where the condition is
@@ -362,10 +322,6 @@ load("foundations").test_q09_masked_softmax(q09_masked_softmax)
 
 # %% nbgrader={"grade": true, "grade_id": "test_q10_fusion", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_q10_fusion(q10_fusion_bytes_saved)
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q10_fusion(q10_fusion_bytes_saved)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** Every N×N matrix that one kernel writes and the next one reads crosses the
@@ -393,10 +349,6 @@ load("foundations").test_q10_fusion(q10_fusion_bytes_saved)
 
 # %% nbgrader={"grade": true, "grade_id": "test_q11_low_precision", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 checks.check_choice(q11_low_precision, name="q11_low_precision")
-### BEGIN HIDDEN TESTS
-from grader.hidden import load
-load("foundations").test_q11_low_precision(q11_low_precision)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # **Why.** A 16-bit number is half the bytes, and an H100's tensor cores run FP16/BF16

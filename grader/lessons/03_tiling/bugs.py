@@ -1,5 +1,5 @@
 """Classic bugs of module 03 (tiling and batched GEMM)."""
-from tests.bugs import Bug
+from grader.bugs import Bug
 
 # Test cells whose code calls matmul_tile: a bug planted there may fail them too.
 USE_MATMUL_TILE = ("test_matmul", "test_batched_gemm_strided", "test_batched_gemm_ptrs")
