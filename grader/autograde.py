@@ -1,7 +1,11 @@
 """Autograde submissions, hand back feedback, export grades (through a real gradebook).
 
-A broken submission costs only its own points: every student gets a recorded score,
-whatever their notebook does (raise, loop, kill its kernel, delete or edit test cells).
+Each submission is repaired against the release (grader/repair.py), then nbgrader's
+autograde runs with grader.nbgrader_setup.GradeInWorker in place of its Execute step:
+the notebook's code runs in a sandboxed worker, the tests decide in this process
+(grader/grading.py). A broken or hostile submission costs only its own points: every
+student gets a recorded score, written as soon as it is known, and the grader's own files
+are fingerprinted before and after the run.
 """
 import json
 import pathlib
@@ -21,22 +25,40 @@ def _student_id(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "student"
 
 
+def _skipped(path: pathlib.Path) -> bool:
+    """Editor leftovers are never a submission: .ipynb_checkpoints and hidden folders."""
+    return any(part.startswith(".") for part in path.parts)
+
+
 def find_submissions(lesson: str, path) -> dict:
-    """{student_id: notebook path} from one .ipynb or a folder of students."""
+    """{student_id: notebook path} from one .ipynb or a folder of students. Two entries
+    whose names give one id ("ann lee" and "ann_lee") are refused: one would overwrite
+    the other's grades."""
     path = pathlib.Path(path).resolve()
     if path.is_file():  # students/alice/01_softmax.ipynb is alice's; alice.ipynb too
         return {_student_id(path.parent.name if path.stem == lesson else path.stem): path}
     if not path.is_dir():
         raise SystemExit(f"{path} is neither a notebook nor a folder")
-    found = {}
+    found, names = {}, {}
     for entry in sorted(path.iterdir()):
+        if _skipped(entry.relative_to(path)):
+            continue
         if entry.is_file() and entry.suffix == ".ipynb":
-            found[_student_id(entry.stem)] = entry
+            notebook = entry
+            student = _student_id(entry.stem)
         elif entry.is_dir():
-            notebooks = sorted(entry.rglob("*.ipynb"))
+            notebooks = [nb for nb in sorted(entry.rglob("*.ipynb"))
+                         if not _skipped(nb.relative_to(path))]
             preferred = [nb for nb in notebooks if nb.stem == lesson]
-            if preferred or notebooks:
-                found[_student_id(entry.name)] = (preferred or notebooks)[0]
+            if not (preferred or notebooks):
+                continue
+            notebook, student = (preferred or notebooks)[0], _student_id(entry.name)
+        else:
+            continue
+        if student in found:
+            raise SystemExit(f"{names[student]!r} and {entry.name!r} both give the student id "
+                             f"{student!r}: rename one of them, nothing was graded")
+        found[student], names[student] = notebook, entry.name
     if not found:
         raise SystemExit(f"no notebooks found in {path}")
     return found
@@ -46,70 +68,94 @@ def _grade_cells(nb):
     return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
 
 
-def restore_missing_test_cells(submitted, release):
-    """Put back grade cells the learner deleted (nbgrader would silently skip them).
+def fingerprint() -> dict:
+    """{path: sha256} of the grader's own files (code, lessons, answers, release), to prove
+    that grading a class changed none of them."""
+    import hashlib
+    files = {}
+    for folder in ("grader", "solutions", "course", "modules"):
+        for f in sorted((paths.REPO / folder).rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts:
+                files[str(f.relative_to(paths.REPO))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return files
 
-    Each comes back after the release cell that preceded it; nbgrader then restores its
-    full source (hidden tests included) from the gradebook. Returns the restored ids.
-    """
-    have = {c.metadata.get("nbgrader", {}).get("grade_id") for c in submitted.cells}
-    restored = []
-    for position, cell in enumerate(release.cells):
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if not cell.metadata.get("nbgrader", {}).get("grade") or grade_id in have:
-            continue
-        previous = [c.metadata.get("nbgrader", {}).get("grade_id") for c in release.cells[:position]]
-        index = len(submitted.cells)  # default: at the end
-        for prev_id in reversed([p for p in previous if p in have]):
-            index = next(i for i, c in enumerate(submitted.cells)
-                         if c.metadata.get("nbgrader", {}).get("grade_id") == prev_id) + 1
-            break
-        submitted.cells.insert(index, nbformat.from_dict(json.loads(json.dumps(cell))))
-        have.add(grade_id)
-        restored.append(grade_id)
-    return restored
+
+def _read(notebook, release, record):
+    try:
+        submitted = nbformat.read(notebook, as_version=4)
+        if not isinstance(submitted.get("cells"), list):
+            raise ValueError("it has no list of cells")
+        return submitted
+    except Exception as error:  # not a notebook: graded as the blank release (0 points),
+        # so the student still has a row in the gradebook and the export
+        record["notes"].append(f"unreadable notebook, graded as blank: {type(error).__name__}: "
+                               f"{str(error)[:200]}")
+        return nbformat.from_dict(json.loads(json.dumps(release)))
 
 
 def autograde(lesson: str, path, timeout=None, json_path=None) -> dict:
-    """Grade every submission found at `path`; return (and save) per-test results."""
+    """Grade every submission found at `path`; return (and save, after each student) the
+    per-test results."""
+    from grader import grading, repair, sandbox
+    from grader.nbgrader_setup import RESULTS
     paths.lesson_path(lesson)
+    submissions = find_submissions(lesson, path)
+    before = fingerprint()
     api = make_api(timeout or DEFAULT_TIMEOUT)
     release = build.release(lesson, api)
+    reference = build.source_notebook(lesson)
     tests = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"]
              for c in _grade_cells(release)}
-    results = {"lesson": lesson, "max_score": sum(tests.values()), "tests": tests, "students": {}}
-    for student, notebook in find_submissions(lesson, path).items():
+    results = {"lesson": lesson, "max_score": sum(tests.values()), "tests": tests,
+               "sandbox": sandbox.level(), "students": {}}
+    print(f"grading {len(submissions)} submission(s) of {lesson}; notebook code runs in a "
+          f"sandbox of level {results['sandbox']!r} (grader/sandbox.py)")
+    out = paths.COURSE / "grades" / f"{lesson}.json"
+    for student, notebook in submissions.items():
         started = time.time()
-        record = {"score": 0.0, "tests": {t: 0.0 for t in tests}, "notes": []}
+        record = {"score": 0.0, "tests": {t: 0.0 for t in tests}, "notes": [], "messages": {}}
         results["students"][student] = record
-        try:
-            submitted = nbformat.read(notebook, as_version=4)
-        except Exception as error:  # not a notebook: graded as the blank release (0 points),
-            # so the student still has a row in the gradebook and the export
-            record["notes"].append(f"unreadable notebook, graded as blank: {type(error).__name__}: {error}")
-            submitted = nbformat.from_dict(json.loads(json.dumps(release)))
-        restored = restore_missing_test_cells(submitted, release)
-        if restored:
-            record["notes"].append("test cells deleted and put back: " + ", ".join(restored))
+        submitted, notes = repair.repair(_read(notebook, release, record), release, reference)
+        record["notes"] += notes
         folder = paths.COURSE / "submitted" / student / lesson
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(paths.COURSE / "autograded" / student / lesson, ignore_errors=True)
         write_notebook(submitted, folder / f"{lesson}.ipynb")
+        RESULTS.pop((lesson, student), None)
         outcome = api.autograde(lesson, student, force=True, create=True)
         graded = paths.COURSE / "autograded" / student / lesson / f"{lesson}.ipynb"
         if not outcome["success"] or not graded.exists():
-            # nbgrader drops the folder of a notebook whose kernel died.
-            record["notes"].append("autograde failed (the kernel died or the notebook could "
-                                   "not run): every test scores 0")
+            record["notes"].append("autograde failed, every test scores 0: "
+                                   + _last_error(outcome.get("log") or outcome.get("error") or ""))
         else:
             record["tests"].update(_scores_from_gradebook(api, lesson, student))
             record["score"] = sum(record["tests"].values())
+        done = RESULTS.pop((lesson, student), None)
+        if done is not None:
+            record["notes"] += done.notes
+            record["messages"] = {t: r.message for t, r in done.tests.items() if not r.passed}
         record["seconds"] = round(time.time() - started, 1)
-    out = paths.COURSE / "grades" / f"{lesson}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for target in [out] + ([pathlib.Path(json_path)] if json_path else []):
-        target.write_text(json.dumps(results, indent=2) + "\n")
+        _write(results, [out] + ([pathlib.Path(json_path)] if json_path else []))
+    after = fingerprint()
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    results["grader_files_changed"] = changed
+    if changed:
+        print("WARNING: grader files changed during grading: " + ", ".join(changed))
+    _write(results, [out] + ([pathlib.Path(json_path)] if json_path else []))
     return results
+
+
+def _last_error(log: str) -> str:
+    lines = [l for l in str(log).splitlines() if l.strip()]
+    return lines[-1][:300] if lines else "no log"
+
+
+def _write(results, targets):
+    for target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
+        tmp.replace(target)
 
 
 def _scores_from_gradebook(api, lesson, student):

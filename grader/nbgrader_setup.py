@@ -4,7 +4,11 @@ The same nbgrader_config.py serves our commands (loaded explicitly: NbGraderAPI 
 read it by itself) and instructors who run nbgrader's own CLI inside the course folder.
 """
 import os
+import shutil
 import sys
+
+from nbgrader.preprocessors import NbGraderPreprocessor
+from traitlets import Integer
 
 from grader import paths
 
@@ -13,9 +17,17 @@ c = get_config()
 c.CourseDirectory.root = {root!r}
 c.CourseDirectory.course_id = "attention-kernels"
 c.Exchange.root = {exchange!r}
-# A cell that runs longer is stopped and recorded as failed; the rest still runs.
-c.Execute.timeout = {timeout}
-c.Execute.interrupt_on_timeout = True
+# Autograde runs the notebook's code in a sandboxed worker and decides every test in the
+# grader's process (grader/grading.py), instead of nbgrader's Execute: a cell that runs
+# longer than the timeout is stopped and recorded as failed; the rest still runs.
+c.Autograde.autograde_preprocessors = [
+    "grader.nbgrader_setup.GradeInWorker",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+c.GradeInWorker.timeout = {timeout}
 # Feedback never shows hidden tests, nor tracebacks that quote their code.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
@@ -30,6 +42,9 @@ DEFAULT_TIMEOUT = 120
 
 def api(timeout: int = DEFAULT_TIMEOUT):
     """An NbGraderAPI on the course directory, its config file written afresh."""
+    import warnings
+    from sqlalchemy.exc import SAWarning
+    warnings.filterwarnings("ignore", category=SAWarning)  # nbgrader's own, harmless, pages of them
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
@@ -48,3 +63,32 @@ def api(timeout: int = DEFAULT_TIMEOUT):
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+
+
+# Filled by GradeInWorker for grader.autograde: {(lesson, student): grading.Graded}.
+RESULTS = {}
+
+
+class GradeInWorker(NbGraderPreprocessor):
+    """nbgrader's autograde step, done by grader.grading: the notebook's cells run in a
+    sandboxed worker; each test cell's outputs are the grader's own verdict (printed `ok`
+    lines, and one error output if it failed), which SaveAutoGrades then scores."""
+
+    timeout = Integer(DEFAULT_TIMEOUT, help="seconds per cell and per test").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        import nbformat
+        from grader import grading
+        lesson, student = resources["nbgrader"]["assignment"], resources["nbgrader"]["student"]
+        scratch = paths.COURSE / "sandbox" / student / lesson
+        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            graded = grading.grade_in_worker(lesson, nb, scratch, self.timeout)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type == "code":
+                cell.outputs = [nbformat.from_dict(o) for o in graded.outputs.get(index, [])]
+                cell.execution_count = None
+        RESULTS[(lesson, student)] = graded
+        return nb, resources
