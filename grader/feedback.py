@@ -16,8 +16,8 @@ def _wrapped(text, width=100):
 class ShortTracebacks(NbGraderPreprocessor):
     """Cut every traceback to its last line, `ExceptionName: message`.
 
-    Tracebacks of hidden tests quote the lines of grader/hidden/*.py they ran through;
-    the message our checks raise already names the problem. (A custom preprocessor must
+    A test cell's error is the grader's one-line verdict already; a notebook cell's
+    traceback is cut to the same shape, so feedback reads alike everywhere. (A custom preprocessor must
     subclass NbGraderPreprocessor, or nbgrader silently skips it: NOTES.md.)
     """
 

@@ -125,10 +125,10 @@ class Worker:
         self._kill()
 
     def _kill(self):
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is not None:  # the whole group: children the notebook forked too
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
         if self.proc is not None:
             self.proc.wait()

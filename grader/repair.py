@@ -12,7 +12,7 @@ cells, in the release's order, where:
   definition wins);
 - cells the learner added (helpers, experiments) stay, after the release cell they
   followed.
-A missing solution cell stays unfilled, as in the release.
+A missing solution cell becomes an empty one (the functions may live in another cell).
 """
 import ast
 import copy
@@ -55,26 +55,34 @@ def repair(submitted, release, reference=None):
               for c in (reference or release).cells if _meta(c).get("solution")}
 
     # 1. Name every submitted cell: ("solution", id), ("locked", id) or ("extra", None).
-    roles = []
+    roles, matched = [], []
     for cell in submitted.cells:
         grade_id = _meta(cell).get("grade_id")
-        if grade_id in solution_ids:
+        defined = _defines(cell.source) if cell.cell_type == "code" else set()
+        content = [g for g, names in wanted.items() if names and names <= defined]
+        if grade_id in solution_ids and wanted.get(grade_id) and not wanted[grade_id] <= defined \
+                and content:  # the metadata names another exercise than the code holds
+            roles.append(("solution", content[0]))
+            notes.append(f"a cell labelled {grade_id} holds the {content[0]} exercise")
+        elif grade_id in solution_ids:
             roles.append(("solution", grade_id))
         elif grade_id and grade_id in {_meta(c).get("grade_id") for c in release.cells}:
             roles.append(("locked", grade_id))
         elif cell.cell_type == "code" and _normal(cell.source) in locked:
             roles.append(("locked", locked[_normal(cell.source)]))
-            notes.append(f"a cell without nbgrader metadata is the release's {locked[_normal(cell.source)]}")
+            matched.append(locked[_normal(cell.source)])
         elif cell.cell_type == "code":
-            defined = _defines(cell.source)
-            match = [g for g, names in wanted.items() if names and names <= defined]
-            if match:
-                roles.append(("solution", match[0]))
-                notes.append(f"a cell without nbgrader metadata is the {match[0]} exercise")
+            if content:
+                roles.append(("solution", content[0]))
+                matched.append(content[0])
             else:
                 roles.append(("extra", None))
         else:
             roles.append(("markdown", None))
+
+    if matched:
+        notes.append(f"{len(matched)} cells had lost their nbgrader metadata and were "
+                     "recognised by their content")
 
     # 2. The last cell that claims an exercise is it; earlier ones become plain cells.
     last = {}
@@ -93,22 +101,27 @@ def repair(submitted, release, reference=None):
               for g, n in counts.items() if n > 1]
 
     # 3. Rebuild in the release's order; added cells follow what preceded them.
-    after = {}  # release grade_id (or None: the start) -> added cells that followed it
-    anchor = None
+    start = object()  # the anchor of cells added before any release cell
+    after = {}  # release grade_id (or start) -> added cells that followed it
+    anchor = start
     for cell, (role, grade_id) in zip(submitted.cells, roles):
         if role in ("solution", "locked"):
             anchor = grade_id
         elif role == "extra":
             after.setdefault(anchor, []).append(_plain(cell))
     learner = {grade_id: submitted.cells[i] for grade_id, i in last.items()}
-    cells = list(after.get(None, []))
+    cells = list(after.get(start, []))
     for cell in release.cells:
         grade_id = _meta(cell).get("grade_id")
         mine = copy.deepcopy(cell)
         if grade_id in learner:
             mine.source = learner[grade_id].source
+        elif grade_id in solution_ids:  # not the release's stub: it would redefine, as
+            # NotImplementedError, a function the learner wrote in another cell
+            mine.source = "# this exercise's cell was missing from the submission"
         cells.append(mine)
-        cells += after.get(grade_id, [])
+        if grade_id:
+            cells += after.get(grade_id, [])
     missing = [g for g in solution_ids if g not in learner]
     if missing:
         notes.append("exercise cells missing (graded as unfilled): " + ", ".join(missing))

@@ -27,8 +27,11 @@ PROTECTED = {"torch", "triton", "tl", "F", "nn", "np", "numpy", "course", "check
 ALLOWED_ROOTS = {("torch", "backends")}  # e.g. torch.backends.cudnn.benchmark = True
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__", "setattr", "delattr", "globals",
                    "get_ipython", "breakpoint", "vars"}
-FORBIDDEN_MODULES = {"ctypes", "importlib", "gc", "inspect", "builtins", "sys", "subprocess",
+FORBIDDEN_MODULES = {"ctypes", "importlib", "gc", "inspect", "builtins", "subprocess",
                      "multiprocessing", "signal", "threading", "socket", "pickle", "marshal"}
+# sys may be imported (to print to stderr, say); these of its parts change Python itself.
+SYS_MACHINERY = {"modules", "meta_path", "path_hooks", "path_importer_cache", "settrace",
+                 "setprofile", "addaudithook", "_getframe", "displayhook", "excepthook"}
 # What each forbid group names (course.testing._FORBIDDEN is the dynamic side).
 FORBIDDEN_NAMES = {
     "softmax": {"softmax", "log_softmax", "softmin", "gumbel_softmax", "scaled_dot_product_attention"},
@@ -77,7 +80,11 @@ def tampering(cells, kernels=()):
     kernels: names of the notebook's kernels (their attributes may not be assigned either)."""
     found = []
     protected = PROTECTED | set(kernels)
-    for cell, tree in _parse(cells):
+    parsed = list(_parse(cells))
+    # `import torch as T` makes T torch: follow the aliases of imported modules.
+    alias = {a.asname: a.name.split(".")[0] for _, tree in parsed for node in ast.walk(tree)
+             if isinstance(node, ast.Import) for a in node.names if a.asname}
+    for cell, tree in parsed:
         for node in ast.walk(tree):
             targets = []
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
@@ -85,6 +92,7 @@ def tampering(cells, kernels=()):
             for target in targets:
                 for t in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]):
                     chain = _root(t)
+                    chain[:1] = [alias.get(c, c) for c in chain[:1]]
                     if isinstance(t, (ast.Attribute, ast.Subscript)) and chain and \
                             chain[0] in protected and tuple(chain[:2]) not in ALLOWED_ROOTS:
                         found.append(f"it changes {'.'.join(chain)} ({_line(cell, node)})")
@@ -95,6 +103,9 @@ def tampering(cells, kernels=()):
                                                                   "__builtins__", "__class__",
                                                                   "__subclasses__", "__getattribute__"):
                 found.append(f"it reaches into {node.attr} ({_line(cell, node)})")
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and alias.get(node.value.id, node.value.id) == "sys" and node.attr in SYS_MACHINERY:
+                found.append(f"it uses sys.{node.attr} ({_line(cell, node)})")
             if isinstance(node, ast.Name) and node.id == "__builtins__":
                 found.append(f"it reaches into __builtins__ ({_line(cell, node)})")
             if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -102,6 +113,9 @@ def tampering(cells, kernels=()):
                 for name in names:
                     if name.split(".")[0] in FORBIDDEN_MODULES:
                         found.append(f"it imports {name} ({_line(cell, node)})")
+                if isinstance(node, ast.ImportFrom) and node.module == "sys" and \
+                        any(a.name in SYS_MACHINERY or a.name == "*" for a in node.names):
+                    found.append(f"it imports Python's machinery from sys ({_line(cell, node)})")
     return found
 
 

@@ -1,58 +1,22 @@
 """The chain from a submitted notebook to a score, through nbgrader, for every module
 that has a classic-bug catalog: the reference earns full marks, the untouched release 0,
 each classic bug loses points on its own exercise and its feedback names the problem
-without showing hidden tests. Module 01 also carries the broken submissions."""
+without showing hidden tests. Module 01 is also graded with the adversarial corpus of
+tests/corpus.py, through the real CLI."""
 import re
 
 import pytest
 
 from grader import autograde as ag
 from grader import paths
+from tests import corpus
 from tests import submissions as subs
 
 LESSONS = subs.lessons_with_bugs()
-# Through nbgrader (~6 s a notebook) run every bug of module 01 and the first five of the
-# other catalogs; tests/test_bugs.py runs every bug of every catalog in process.
-BUGS_THROUGH_NBGRADER = {"01_softmax": None}
-TIMEOUT = 25  # seconds per cell: the infinite loop costs this much, twice
-
-
-def _broken_softmax(lesson):
-    """Broken notebooks for module 01: {student: (notebook, expected lost test cells)}."""
-    def patched(grade_id, find, replace, base=None):
-        return subs.patch(base or subs.solution_notebook(lesson), grade_id, find, replace)
-
-    def without(nb, grade_id):
-        nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != grade_id]
-        return nb
-
-    rescale = subs.bugs_of(lesson)["rescale_order"]
-    return {
-        "raises": (patched("online_softmax", "def online_softmax", "raise RuntimeError('boom')\ndef online_softmax"),
-                   {"test_online_softmax"}),
-        "syntax_error": (patched("softmax_stable", "def softmax_stable(x, dim=-1):", "def softmax_stable(x, dim=-1:"),
-                         {"test_softmax_stable"}),
-        "infinite_loop": (patched("online_softmax", '    x32 = x.to(torch.float32)\n',
-                                  '    while True:\n        pass\n'),
-                          {"test_online_softmax"}),
-        "kills_kernel": (patched("softmax", "    n_rows, n_cols = x.shape\n",
-                                 "    import os; os._exit(1)\n"), "all"),
-        "tampers_with_checks": (patched(
-            "softmax_stable", "def softmax_stable(x, dim=-1):",
-            "import course.testing, course.checks.softmax as _c\n"
-            "course.testing.assert_close = lambda *a, **k: 0.0\n"
-            "_c.assert_close = lambda *a, **k: 0.0\n"
-            "_c.check_softmax_stable = lambda f: None\n"
-            "checks.check_softmax_stable = lambda f: None\n"
-            "def softmax_stable(x, dim=-1):\n    return torch.zeros_like(x)\n"
-            "def _unused(x, dim=-1):"), {"test_softmax_stable"}),
-        "deletes_test_cell": (without(subs.with_bug(lesson, rescale), "test_online_softmax"),
-                              {"test_online_softmax"}),
-        "deletes_test_cell_correct": (without(subs.solution_notebook(lesson), "test_softmax_naive"), set()),
-        "edits_test_cell": (patched("test_online_softmax", "checks.check_online_softmax(online_softmax)",
-                                    "pass", base=subs.with_bug(lesson, rescale)),
-                            {"test_online_softmax"}),
-    }
+# Through nbgrader (~6 s a notebook) run the first five bugs of each catalog (module 01's
+# corpus runs all of its own); tests/test_bugs.py runs every bug of every catalog in process.
+BUGS_THROUGH_NBGRADER = 5
+TIMEOUT = 25  # seconds per cell
 
 
 _RUNS = {}
@@ -74,26 +38,21 @@ def _run(lesson, work):
         folder = work / "submitted_by_students"
         subs.save(subs.solution_notebook(lesson), folder, "reference", lesson)
         subs.save(subs.release(lesson), folder, "untouched", lesson)
-        bugs = dict(list(subs.bugs_of(lesson).items())[:BUGS_THROUGH_NBGRADER.get(lesson, 5)])
+        bugs = dict(list(subs.bugs_of(lesson).items())[:BUGS_THROUGH_NBGRADER])
         for name, bug in bugs.items():
             subs.save(subs.with_bug(lesson, bug), folder, f"bug_{name}", lesson)
-        broken = _broken_softmax(lesson) if lesson == "01_softmax" else {}
-        for name, (nb, _) in broken.items():
-            subs.save(nb, folder, f"broken_{name}", lesson)
-        if broken:  # a file that is not a notebook at all
-            (folder / "broken_not_a_notebook").mkdir()
-            (folder / "broken_not_a_notebook" / f"{lesson}.ipynb").write_text("{ this is not json")
         results = ag.autograde(lesson, folder, timeout=TIMEOUT)
         ag.print_table(results)
         feedback = {html.parent.parent.name: html.read_text() for html in ag.feedback(lesson)}
         csv = ag.export(work / "grades.csv").read_text()
-        return dict(lesson=lesson, results=results, bugs=bugs, broken=broken, feedback=feedback, csv=csv)
+        return dict(lesson=lesson, results=results, bugs=bugs, feedback=feedback, csv=csv)
     finally:
         paths.COURSE = saved
 
 
 # Each lesson's run stays on one xdist worker (its submissions are graded once).
-@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.xdist_group(name)) for name in LESSONS])
+@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.xdist_group(name))
+                        for name in LESSONS if name != corpus.LESSON])
 def graded(request, grade):
     return grade(request.param)
 
@@ -126,27 +85,49 @@ def test_feedback_names_the_problem_and_hides_hidden_tests(graded):
     for name, bug in graded["bugs"].items():
         text = _feedback_text(graded["feedback"][f"bug_{name}"])
         assert bug.says.lower() in text.lower(), f"feedback of bug {name} does not say {bug.says!r}"
-    topic = subs.topic_of(graded["lesson"])
+    secrets = corpus.hidden_lines(graded["lesson"])
     for student, html in graded["feedback"].items():
-        for secret in ("BEGIN HIDDEN TESTS", "grader.hidden", f'load("{topic}")', f"load(&quot;{topic}",
-                       "grader/hidden"):
-            assert secret not in html, f"feedback of {student} shows {secret!r}"
-
-
-@pytest.mark.xdist_group("01_softmax")
-def test_broken_submissions_cost_only_their_own_points(grade):
-    graded = grade("01_softmax")
-    r = graded["results"]
-    for name, (_, lost) in graded["broken"].items():
-        record = r["students"][f"broken_{name}"]
-        for test, points in r["tests"].items():
-            expected = 0 if lost == "all" or test in lost else points
-            assert record["tests"][test] == expected, (name, test, record)
-    unreadable = r["students"]["broken_not_a_notebook"]
-    assert unreadable["score"] == 0 and any("unreadable" in n for n in unreadable["notes"])
-    # Every student nbgrader saw has a score in the exported gradebook, the dead one too.
-    for student in r["students"]:
+        assert not [line for line in secrets if line in html], student
+    for student in graded["results"]["students"]:
         assert f",{student}," in graded["csv"], student
-    notes = r["students"]["broken_kills_kernel"]["notes"]
-    assert any("kernel died" in n for n in notes)
-    assert any("put back" in n for n in r["students"]["broken_deletes_test_cell"]["notes"])
+
+
+@pytest.fixture(scope="session")
+def adversarial(tmp_path_factory):
+    facts = corpus.run(tmp_path_factory.mktemp("corpus"))
+    assert facts["graded"].returncode == 0, facts["graded"].stderr[-3000:]
+    return facts, corpus.counts(facts)
+
+
+@pytest.mark.xdist_group(corpus.LESSON)
+@pytest.mark.parametrize("count", ["false_full_marks", "false_deductions", "successful_cheats",
+                                   "not_scored", "files_changed", "hidden_lines_in_feedback",
+                                   "stray_processes"])
+def test_adversarial_corpus_count_is_zero(adversarial, count):
+    facts, counts = adversarial
+    assert counts[count] == [], counts[count]
+
+
+@pytest.mark.xdist_group(corpus.LESSON)
+def test_adversarial_corpus_covers_every_kind_and_bounds_feedback(adversarial):
+    facts, counts = adversarial
+    kinds = {e.kind for e in facts["expect"].values()}
+    assert kinds == {"correct", "mangled", "bug", "cheat", "attack", "broken", "victim"}
+    assert counts["submissions"] >= 50
+    assert counts["largest_feedback_bytes"] < 1_000_000  # one student printed 50 MB
+    assert facts["results"]["sandbox"] != "none"
+    notes = facts["results"]["students"]["broken_not_a_notebook"]["notes"]
+    assert any("unreadable" in n for n in notes)
+    assert any("tampering" in n for n in facts["results"]["students"]["cheat_patched_torch"]["notes"])
+    # Feedback says why a cheat scored 0, naming the line, and names each bug's problem.
+    assert "torch.allclose" in _feedback_text(facts["feedback"]["cheat_patched_torch"])
+    for name, bug in subs.bugs_of(corpus.LESSON).items():
+        text = _feedback_text(facts["feedback"][f"bug_{name}"])
+        assert bug.says.lower() in text.lower(), f"feedback of bug {name} does not say {bug.says!r}"
+
+
+def test_colliding_student_ids_are_refused(tmp_path):
+    for name in ("ann lee", "ann_lee"):
+        subs.save(subs.release(corpus.LESSON), tmp_path, name, corpus.LESSON)
+    with pytest.raises(SystemExit, match="both give the student id"):
+        ag.find_submissions(corpus.LESSON, tmp_path)
