@@ -58,6 +58,9 @@ def compile_for_gpu(kernel, signature: dict, constexprs: dict = None, capability
     """
     fn = _python_fn(kernel)
     sources = _dependencies(fn, {fn.__name__}) + [textwrap.dedent(inspect.getsource(fn))]
+    if any("raise NotImplementedError" in source for source in sources):
+        raise NotImplementedError(f"{fn.__name__} is not written yet: fill in its exercise, then "
+                                  "run this cell again to compile it for a GPU")
     program = _PROGRAM.format(sources="\n".join(sources), name=fn.__name__,
                               signature=signature, constexprs=constexprs or {},
                               capability=capability)

@@ -112,6 +112,8 @@ class Lesson:
             message = "not written yet: the exercise still raises NotImplementedError" + (
                 f" ({error})" if str(error) else "")
         except Exception as error:  # noqa: BLE001 (the notebook's own error is the finding)
+            from course.display import _unwrap
+            error = _unwrap(error)
             message = f"{type(error).__name__}: {error}" if not isinstance(error, LearnerError) else str(error)
             if "NotImplementedError" in message:  # e.g. a kernel, through Triton's InterpreterError
                 message = "not written yet: the exercise still raises NotImplementedError"

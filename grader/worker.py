@@ -172,8 +172,10 @@ class Worker:
             result = thunk()
         except BaseException as exc:  # noqa: BLE001
             sys.stdout, sys.stderr = saved
+            from course.display import _unwrap
             from course.testing import CheckFailed
             where = _learner_frames(exc.__traceback__)
+            exc = _unwrap(exc)  # a kernel's own error, not Triton's InterpreterError around it
             self.send(op="error", ename=type(exc).__name__, evalue=str(exc)[:4000],
                       check=isinstance(exc, CheckFailed),
                       where=[f"{f.filename[1:-1]}, line {f.lineno}: {f.line}" for f in where[-2:]])
