@@ -49,13 +49,10 @@ def save(nb, folder, student, lesson):
     write_notebook(nb, folder / student / f"{lesson}.ipynb")
 
 
-def run_in_process(lesson: str, nb) -> dict:
-    """Run the notebook's code cells in order in this process, as a kernel would, then grade
-    its test cells with the notebook's objects directly (fast, for tests; the grader runs
-    the same tests with the code in a sandboxed worker).
-
-    Returns {test cell grade_id: None if it passed, else its failure message}.
-    """
+def execute(lesson: str, nb) -> dict:
+    """Run the notebook's code cells except the test cells, in order, in this process, as
+    a kernel would; returns the namespace. A failing cell is the notebook's problem: the
+    next one still runs."""
     import matplotlib.pyplot as plt
     namespace = {}
     for index, c in enumerate(nb.cells):
@@ -68,8 +65,18 @@ def run_in_process(lesson: str, nb) -> dict:
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 exec(compile(c.source, filename, "exec"), namespace)
-        except Exception:  # a failing cell is the notebook's problem; the next one still runs
+        except Exception:  # noqa: BLE001
             pass
     plt.close("all")
-    graded = grading.grade(grading.Lesson(lesson), nb, objects=namespace)
+    return namespace
+
+
+def run_in_process(lesson: str, nb) -> dict:
+    """Run the notebook in this process (execute), then grade its test cells with the
+    notebook's objects directly (fast, for tests; the grader runs the same tests with the
+    code in a sandboxed worker).
+
+    Returns {test cell grade_id: None if it passed, else its failure message}.
+    """
+    graded = grading.grade(grading.Lesson(lesson), nb, objects=execute(lesson, nb))
     return {grade_id: None if r.passed else r.message for grade_id, r in graded.tests.items()}
