@@ -4,8 +4,9 @@ A failed check raises CheckFailed, whose message already says what is wrong; the
 traceback through course/ internals that Jupyter would print around it (30-50 lines)
 buries it. Registered with IPython by `import course`, this shows instead:
 - a failed check: its message, then the line of the learner's code it came through;
-- an exercise not written yet (the stub's NotImplementedError): "fill in X first", and
-  any figure the cell had started is closed, so nothing half-drawn is shown;
+- an exercise not written yet (the stub's NotImplementedError, or a name it should define
+  that is not defined): "fill in X first", and any figure the cell had started is
+  closed, so nothing half-drawn is shown;
 - an out-of-bounds access under the interpreter (course/bounds.py): its sentence;
 - any other error: IPython's usual traceback, plus a hint when the message is a classic
   PyTorch mistake (a missing keepdim, an integer mask, the tuple of x.max(dim)).
@@ -60,6 +61,9 @@ def _not_written(value, tb):
         return str(value)
     frames = _learner_frames(tb)
     if frames and frames[-1].line and "NotImplementedError" in frames[-1].line:
+        if frames[-1].name == "<module>":  # the exercise cell itself
+            return ("this exercise is not written yet: replace `raise NotImplementedError()` "
+                    "with your answer, then run the cell")
         return (f"{frames[-1].name} is not written yet: fill in its exercise above first, then "
                 "run this cell again")
     return None
@@ -68,11 +72,18 @@ def _not_written(value, tb):
 def short_lines(etype, value, tb):
     """The lines shown for an error, or None for IPython's usual traceback."""
     from course.testing import CheckFailed
-    value = _unwrap(value)
+    unwrapped = _unwrap(value)
+    if unwrapped is not value:  # the kernel's own error: its frames say where, not Triton's
+        value, tb = unwrapped, unwrapped.__traceback__ or tb
     where = [f"  your code: {f.name}, line {f.lineno}: {f.line}" for f in _learner_frames(tb)[-2:]
              if f.line and not f.line.startswith("checks.")]
     if isinstance(value, CheckFailed):
         return [f"CheckFailed: {value}"] + where
+    if isinstance(value, NameError) and getattr(value, "name", None):
+        if "matplotlib.pyplot" in sys.modules:
+            sys.modules["matplotlib.pyplot"].close("all")
+        return [f"Not written yet: {value.name} is not defined: fill in its exercise above (and "
+                "run the cells above in order), then run this cell again"]
     not_written = _not_written(value, tb)
     if not_written:
         if "matplotlib.pyplot" in sys.modules:
