@@ -3,7 +3,7 @@
 See ARCHITECTURE.md. The only inputs are grader/lessons/NN_topic/lesson.py and solutions/.
 Two directives bring code from solutions/topic.py into a cell, so it exists once:
 `# solution: topic.name` (an exercise: the body becomes the solution region) and
-`# given: topic.NAME` (a value the lesson hands the learner, pasted as it is).
+`# given: topic.NAME` (a value or function the lesson hands the learner, pasted as it is).
 """
 import ast
 import json
@@ -43,18 +43,20 @@ def _solution_code(topic: str, name: str) -> str:
 
 
 def _given_code(topic: str, name: str) -> str:
-    """The statement that assigns `name` in solutions/topic.py, with the comment above it."""
+    """The statement that assigns `name` in solutions/topic.py, or the whole function
+    `name` (decorators included), with the comment above it."""
     source = (paths.SOLUTIONS / f"{topic}.py").read_text()
     lines = source.splitlines()
     for node in ast.parse(source).body:
         targets = (node.targets if isinstance(node, ast.Assign)
                    else [node.target] if isinstance(node, ast.AnnAssign) else [])
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            start = node.lineno - 1
+        is_function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
+        if is_function or any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno]) - 1
             while start > 0 and lines[start - 1].lstrip().startswith("#"):
                 start -= 1
             return "\n".join(lines[start:node.end_lineno])
-    raise ValueError(f"solutions/{topic}.py assigns no {name!r}")
+    raise ValueError(f"solutions/{topic}.py defines no {name!r}")
 
 
 def _fill(cell_source: str, solution: bool) -> str:
