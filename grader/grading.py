@@ -89,7 +89,7 @@ class Lesson:
     def given_value(self, name):
         return getattr(importlib.import_module(f"solutions.{self.given[name]}"), name)
 
-    def run_test(self, grade_id, resolve, learner_cells):
+    def run_test(self, grade_id, resolve, code_cells):
         """Run one test cell (visible check, hidden test, static rules) -> TestResult."""
         from course.testing import CheckFailed
         check, names, keywords = parse_test_cell(self.test_cells[grade_id])
@@ -100,7 +100,7 @@ class Lesson:
                 objects = [self.given_value(n) if n in self.given else resolve(n) for n in names]
                 getattr(self.visible, check)(*objects, **keywords)
                 getattr(self.hidden, grade_id)(*objects)
-            problems = rules.problems(self.rules.get(grade_id, []), learner_cells)
+            problems = rules.problems(self.rules.get(grade_id, []), code_cells)
             if problems:
                 return TestResult(False, "; ".join(problems), printed.getvalue())
             return TestResult(True, printed=printed.getvalue())
@@ -123,19 +123,22 @@ class Lesson:
         return TestResult(False, message, printed.getvalue())
 
 
-def learner_cells(nb):
-    """The cells whose code the learner wrote: solution cells and cells they added."""
+def code_cells(nb, learner_only=False):
+    """The notebook's code cells but its test cells (given code included: a rule may name a
+    kernel the lesson hands the learner); with learner_only, the cells whose code the learner
+    wrote: solution cells and cells they added."""
     return [rules.Cell(meta(c).get("grade_id") or f"cell {i}", c.source)
             for i, c in enumerate(nb.cells)
-            if c.cell_type == "code" and (meta(c).get("solution") or not meta(c))]
+            if c.cell_type == "code" and not meta(c).get("grade")
+            and (not learner_only or meta(c).get("solution") or not meta(c))]
 
 
 def grade(lesson: Lesson, nb, *, objects=None, worker: Worker = None) -> Graded:
     """Grade a (repaired) notebook. With a worker, its cells run there; with `objects`
     (a namespace that already ran the cells), in this process."""
     graded = Graded()
-    cells = learner_cells(nb)
-    tamper = rules.tampering(cells, lesson.kernels)
+    cells = code_cells(nb)
+    tamper = rules.tampering(code_cells(nb, learner_only=True), lesson.kernels)
     if worker is not None:
         for index, cell in enumerate(nb.cells):
             if cell.cell_type == "code" and not meta(cell).get("grade"):
