@@ -101,7 +101,7 @@ class Worker:
                "TRITON_CACHE_DIR": os.path.join(home, ".triton"), "PYTHONDONTWRITEBYTECODE": "1",
                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"}
         for key in ("COURSE_MODE", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES",
-                    "TRITON_DEFAULT_FP_FUSION"):
+                    "TRITON_DEFAULT_FP_FUSION", "LD_LIBRARY_PATH"):  # CUDA's libraries
             if key in os.environ:
                 env[key] = os.environ[key]
         command = sandbox.command([sys.executable, "worker.py"], self.scratch)
