@@ -12,13 +12,13 @@ CASES = [(lesson, bug) for lesson in LESSONS for bug in subs.bugs_of(lesson)]
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_reference_passes_every_test_cell(lesson):
-    results = subs.run_in_process(lesson, subs.with_hidden_tests(lesson, subs.solution_notebook(lesson)))
+    results = subs.run_in_process(lesson, subs.solution_notebook(lesson))
     assert results and all(error is None for error in results.values()), results
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_untouched_release_fails_every_test_cell(lesson):
-    results = subs.run_in_process(lesson, subs.with_hidden_tests(lesson, subs.release(lesson)))
+    results = subs.run_in_process(lesson, subs.release(lesson))
     assert results and all(results.values()), {k: v for k, v in results.items() if not v}
 
 
@@ -26,7 +26,7 @@ def test_untouched_release_fails_every_test_cell(lesson):
 @pytest.mark.parametrize("lesson, name", CASES)
 def test_classic_bug_fails_its_test_cell_and_names_the_problem(lesson, name):
     bug = subs.bugs_of(lesson)[name]
-    results = subs.run_in_process(lesson, subs.with_hidden_tests(lesson, subs.with_bug(lesson, bug)))
+    results = subs.run_in_process(lesson, subs.with_bug(lesson, bug))
     message = results[bug.test_cell]
     assert message, f"{lesson}: bug {name} passes {bug.test_cell}"
     assert bug.says.lower() in message.lower(), f"{lesson}: bug {name}: {message}"
