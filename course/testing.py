@@ -41,6 +41,14 @@ def tolerance(dtype: torch.dtype, device="cpu"):
         raise ValueError(f"no tolerance defined for {dtype} on {kind}") from None
 
 
+def weight_tolerance(dtype: torch.dtype, n: int, device="cpu"):
+    """(atol, rtol) for softmax weights over n entries: the absolute part is scaled by the
+    average weight 1/n, or every weight of a wide row (all below atol) would pass whatever
+    its value."""
+    atol, rtol = tolerance(dtype, device)
+    return atol / max(n, 1), rtol
+
+
 def _where(index, dim_names):
     if dim_names and len(dim_names) == len(index):
         return ", ".join(f"{n}={i}" for n, i in zip(dim_names, index))
@@ -157,42 +165,71 @@ def randn(*shape, dtype=torch.float32, device="cpu", seed=None):
 # ---------------------------------------------------------------------------------------
 # Guard buffers: the interpreter does no bounds checking (NOTES.md), so inputs are placed
 # between NaN margins (a load past the end reads NaN, which shows in the output) and
-# outputs between sentinel margins (a store past the end changes them).
+# outputs between sentinel margins (a store past the end changes them). With `gaps`, the
+# tensor is a window of a wider block (rows longer than the tensor's, say), so its strides
+# are not those of a contiguous tensor, and the gaps between its rows are guarded too.
 
 _SENTINEL = 12345.0
 _UNWRITTEN = -1024.0  # what an output holds before the kernel runs: entries still equal to it were never stored
 
 
 class Guarded:
-    """A tensor living inside a larger buffer whose margins we can inspect."""
+    """A tensor living inside a larger buffer whose margins we can inspect.
 
-    def __init__(self, shape, dtype, device, fill, margin=None):
-        numel = math.prod(shape)
-        self.margin = margin if margin is not None else max(4096, numel)
+    gaps: entries left after each index of each dim (e.g. (0, 5): every row is followed by
+    5 entries that are not part of the tensor), filled like the margins.
+    """
+
+    def __init__(self, shape, dtype, device, fill, margin=None, gaps=None):
+        gaps = tuple(gaps) if gaps else (0,) * len(shape)
+        block = tuple(s + g for s, g in zip(shape, gaps))
+        self.numel = math.prod(block)
+        self.margin = margin if margin is not None else max(4096, self.numel)
         self.fill = fill
-        self.buffer = torch.full((numel + 2 * self.margin,), fill, dtype=dtype, device=device)
-        self.tensor = self.buffer[self.margin:self.margin + numel].view(shape)
+        self.buffer = torch.full((self.numel + 2 * self.margin,), fill, dtype=dtype, device=device)
+        self.block = self.buffer[self.margin:self.margin + self.numel].view(block)
+        self.window = tuple(slice(0, s) for s in shape)
+        self.tensor = self.block[self.window]
+
+    def _changed(self, part):
+        return int((~torch.isnan(part)).sum()) if math.isnan(self.fill) else int((part != self.fill).sum())
 
     def margins_touched(self):
         """Number of margin elements (before, after) that no longer hold the fill value."""
         m = self.margin
-        def changed(part):
-            return int((~torch.isnan(part)).sum()) if math.isnan(self.fill) else int((part != self.fill).sum())
-        return changed(self.buffer[:m]), changed(self.buffer[m + self.tensor.numel():])
+        return self._changed(self.buffer[:m]), self._changed(self.buffer[m + self.numel:])
+
+    def gaps_touched(self):
+        """Number of elements in the gaps between rows that no longer hold the fill value."""
+        in_gaps = torch.ones(self.block.shape, dtype=torch.bool, device=self.block.device)
+        in_gaps[self.window] = False
+        return self._changed(self.block[in_gaps])
 
 
-def guarded_input(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of x with NaN just before and after it in memory."""
-    g = Guarded(tuple(x.shape), x.dtype, x.device, float("nan"))
+def guarded_input(x: torch.Tensor, gaps=None, margin=None) -> torch.Tensor:
+    """A copy of x with NaN just before and after it in memory (and, with gaps, between its
+    rows: see Guarded), contiguous unless gaps are asked for. margin: entries of NaN on
+    each side (default: as many as x has, at least 4096)."""
+    g = Guarded(tuple(x.shape), x.dtype, x.device, float("nan"), margin=margin, gaps=gaps)
     g.tensor.copy_(x)
     return g.tensor
 
 
+def _layout(t):
+    """How a message describes where entry [i, j, ...] of a strided view lives."""
+    terms = " + ".join(f"{'ijklmnop'[d]} * {s}" for d, s in enumerate(t.stride()))
+    return (f"It is a slice of a wider tensor here, strides {tuple(t.stride())}: entry "
+            f"[{', '.join('ijklmnop'[:t.dim()])}] lives at ptr + {terms}. Compute addresses with the "
+            "stride arguments you are given, never with the row length")
+
+
 @contextlib.contextmanager
-def guarded_output(shape, dtype, device, name="output"):
-    """Yield an output tensor framed by sentinels; on exit, fail if a store went past it
-    or an entry was never stored (NaN is left for loads past a guarded input)."""
-    g = Guarded(tuple(shape), dtype, device, _SENTINEL)
+def guarded_output(shape, dtype, device, name="output", gaps=None, margin=None):
+    """Yield an output tensor framed by sentinels (a strided window of a wider block, with
+    sentinels in the gaps, when gaps are given: see Guarded; margin as in guarded_input);
+    on exit, fail if a store went past it or into a gap, or if an entry was never stored
+    (NaN is left for loads past a guarded input)."""
+    g = Guarded(tuple(shape), dtype, device, _SENTINEL, margin=margin, gaps=gaps)
     g.tensor.fill_(_UNWRITTEN)
     yield g.tensor
     before, after = g.margins_touched()
@@ -200,19 +237,26 @@ def guarded_output(shape, dtype, device, name="output"):
         fail(f"your kernel wrote outside {name}: {before} element(s) before it and {after} "
              "after it in memory. Are the stores masked (mask=offsets < n)? On a GPU this "
              "corrupts other tensors or crashes.")
+    between = g.gaps_touched()
+    if between:
+        fail(f"your kernel wrote outside {name}, into the memory between its rows: {between} "
+             f"element(s) there changed. Are the stores masked, and does each row start where "
+             f"its stride says? {_layout(g.tensor)}.")
     never = g.tensor == _UNWRITTEN
     if never.any():
         first = tuple(int(i) for i in never.nonzero()[0])
         fail(f"{int(never.sum())} of {g.tensor.numel()} entries of {name} were never written, "
              f"first at {first}. Does every program store its block, and does the grid cover "
-             "the whole output?")
+             "the whole output?" + (f" {_layout(g.tensor)}." if gaps else ""))
 
 
 @contextlib.contextmanager
 def guarded_allocations():
     """Inside the block, float tensors made by torch.empty/empty_like/zeros/zeros_like
     (a wrapper's output buffers) live between sentinel margins; on exit, fail if a
-    kernel stored past one of them (instead of corrupting the heap)."""
+    kernel stored past one of them (instead of corrupting the heap). What torch.empty
+    makes holds _UNWRITTEN, not leftover memory, so an entry no kernel stored reads the
+    same on every run."""
     guards = []
     names = ("empty", "empty_like", "zeros", "zeros_like")
     originals = {n: getattr(torch, n) for n in names}
@@ -223,7 +267,10 @@ def guarded_allocations():
             if not t.is_floating_point() or t.numel() == 0:
                 return t
             g = Guarded(tuple(t.shape), t.dtype, t.device, _SENTINEL)
-            g.tensor.copy_(t)
+            if original in (originals["empty"], originals["empty_like"]):
+                g.tensor.fill_(_UNWRITTEN)
+            else:
+                g.tensor.copy_(t)
             guards.append(g)
             return g.tensor
         return allocate
@@ -243,11 +290,25 @@ def guarded_allocations():
                  "stores masked (mask=offsets < n)? On a GPU this corrupts memory or crashes.")
 
 
-def explain_nan_from_guards(actual, *, name="output"):
-    """Inputs were guarded: NaN in the output means a load read past an input."""
+def row_margin(n_cols):
+    """A guard margin for kernels that load a row as one power-of-two block: room for the
+    lanes past the end of the last row (capped: a store or load beyond the margin is
+    stopped by course.bounds anyway), and no more, since every guarded byte travels to the
+    grading worker and back."""
+    block = 1 << max(n_cols - 1, 0).bit_length()
+    return max(256, min(block - n_cols, 4096))
+
+
+def explain_nan_from_guards(actual, *, name="output", gaps=False):
+    """Inputs were guarded: NaN in the output means a load read past an input (or, with
+    gaps, between its rows)."""
     if torch.isnan(actual).any():
         fail(f"{name} has NaN. The inputs were surrounded by NaN in memory, so your kernel "
-             "read past the end of an input: is every tl.load masked (mask=offsets < n)?")
+             "read past the end of an input: is every tl.load masked (mask=offsets < n)?"
+             + (" Here the input's rows (and batch entries) are not one after another in memory "
+                "(NaN lies between them): a row starts where the stride arguments you are given "
+                "say (in_ptr + row * row stride [+ batch * batch stride]), never where the row "
+                "length says." if gaps else ""))
 
 
 # ---------------------------------------------------------------------------------------

@@ -135,7 +135,39 @@ def test_visible_checks_and_hidden_tests_pass_the_reference(exercise):
 
 
 def test_catalog_has_the_classic_bugs():
-    assert len(BUGS) >= 5
+    bugs = lesson_file("02_masking", "bugs").BUGS
     for needed in ("mask_polarity_inverted", "causal_off_by_one", "nan_on_fully_masked_rows",
-                   "missing_load_mask", "load_other_zero", "padding_on_queries"):
-        assert needed in BUGS
+                   "missing_load_mask", "load_other_zero", "padding_on_queries", "nan_to_num_fix_up",
+                   "kernel_ignores_input_strides", "kernel_ignores_batch_stride",
+                   "kernel_ignores_output_strides", "kernel_half_sum", "wrapper_caps_block",
+                   "wrapper_assumes_contiguous", "wrapper_masks_with_torch"):
+        assert needed in bugs
+
+
+def test_kernel_honours_strides_that_differ_between_input_and_output():
+    """The reference kernel on slices of wider rows and taller batch entries (the layout the
+    checks use), against PyTorch."""
+    x = torch.randn(2, 5, 50, device=DEVICE)
+    wide_in = torch.full((2, 7, 55), float("nan"), device=DEVICE)
+    wide_out = torch.full((2, 6, 58), 7.0, device=DEVICE)
+    wide_in[:, :5, :50] = x
+    src, out = wide_in[:, :5, :50], wide_out[:, :5, :50]
+    lengths = torch.tensor([50, 9], dtype=torch.int32, device=DEVICE)
+    ref.masked_softmax_kernel[(5, 2)](out, src, lengths, src.stride(0), src.stride(1), out.stride(0),
+                                      out.stride(1), 50, CAUSAL=True, HAS_LENGTHS=True, BLOCK_SIZE=64)
+    expected = torch.softmax(x.masked_fill(_blocked(5, 50, True, [50, 9]), NEG_INF), -1)
+    torch.testing.assert_close(out, expected)
+    untouched = torch.ones_like(wide_out, dtype=torch.bool)
+    untouched[:, :5, :50] = False
+    assert (wide_out[untouched] == 7.0).all()
+
+
+def test_safe_softmax_rule_refuses_a_nan_fix_up():
+    from grader import rules
+    hidden = lesson_file("02_masking", "hidden")
+    fixed_up = rules.Cell("safe_softmax", "def safe_softmax(scores, dim=-1):\n"
+                                          "    return torch.softmax(scores, dim=dim).nan_to_num(0.0)\n")
+    assert rules.problems(hidden.RULES["test_safe_softmax"], [fixed_up])
+    import inspect
+    clean = rules.Cell("safe_softmax", inspect.getsource(ref.safe_softmax))
+    assert not rules.problems(hidden.RULES["test_safe_softmax"], [clean])

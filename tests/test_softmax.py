@@ -44,3 +44,32 @@ def test_softmax_rejects_bad_input():
         ref.softmax(torch.ones(3))
     with pytest.raises(TypeError, match="float16"):
         ref.softmax(torch.ones(2, 3, dtype=torch.int32))
+
+
+def test_guarded_gaps_catch_a_kernel_that_ignores_a_row_stride():
+    """Inputs and outputs with gaps between their rows (course.testing.Guarded): a store that
+    uses the input's stride for the output lands in the output's gaps, a load that uses
+    n_cols reads the input's NaN gaps."""
+    from course import testing
+    x = testing.randn(4, 30, seed=0)
+    src = testing.guarded_input(x, gaps=(0, 5))
+    assert src.stride() == (35, 1) and torch.isnan(src.as_strided((4, 35), (35, 1))[:, 30:]).all()
+    with testing.guarded_output((4, 30), torch.float32, "cpu", gaps=(0, 8)) as out:
+        ref.softmax_kernel[(4,)](out, src, src.stride(0), out.stride(0), 30, BLOCK_SIZE=32)
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+    with pytest.raises(testing.CheckFailed, match="between its rows"):
+        with testing.guarded_output((4, 30), torch.float32, "cpu", gaps=(0, 8)) as out:
+            ref.softmax_kernel[(4,)](out, src, src.stride(0), src.stride(0), 30, BLOCK_SIZE=32)
+    with testing.guarded_output((4, 30), torch.float32, "cpu") as out:
+        ref.softmax_kernel[(4,)](out, src, 30, out.stride(0), 30, BLOCK_SIZE=32)
+    with pytest.raises(testing.CheckFailed, match="stride arguments"):
+        testing.explain_nan_from_guards(out, gaps=True)
+
+
+def test_catalog_has_the_new_classic_bugs():
+    bugs = lesson_file("01_softmax", "bugs").BUGS
+    for needed in ("global_max", "online_max_starts_at_zero", "kernel_int32_offsets",
+                   "kernel_ignores_input_stride", "kernel_ignores_output_stride", "kernel_half_sum",
+                   "kernel_no_max_subtraction", "wrapper_caps_block", "wrapper_assumes_contiguous",
+                   "wrapper_skips_contiguous", "wrapper_computes_with_torch"):
+        assert needed in bugs

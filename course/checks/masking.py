@@ -10,8 +10,11 @@ import torch
 import triton
 
 from course import DEVICE
-from course.testing import (assert_close, assert_not_trivial, dtype_name, explain_nan_from_guards,
-                            fail, guarded_input, guarded_output, randn, run_wrapper)
+from course.checks.softmax import (HALF_SUM, OVERFLOW, extreme_rows, layouts, long_half_rows,
+                                   recorded_launches, wrapper_hint)
+from course.testing import (assert_close, assert_not_trivial, check_rejects, dtype_name,
+                            explain_nan_from_guards, fail, guarded_input, guarded_output, randn,
+                            row_margin, run_wrapper, weight_tolerance)
 
 QUERY_KEY = ("query i", "key j")
 NEG_INF = float("-inf")
@@ -107,7 +110,7 @@ def case_causal_mask(fn, n, dtype, *, quiet=False):
 
 
 def check_causal_mask(causal_mask):
-    for n, dtype in ((5, torch.float32), (1, torch.float32), (6, torch.float16)):
+    for n, dtype in ((5, torch.float32), (1, torch.float32), (6, torch.float16), (4, torch.float64)):
         case_causal_mask(causal_mask, n, dtype)
 
 
@@ -140,9 +143,18 @@ def check_apply_mask(apply_mask):
     scores = randn(2, 3, 4, 4, seed=20)
     causal = _square_causal(4)
     pad = torch.tensor([False, False, True, True]).reshape(1, 1, 1, 4)  # keys 2, 3 blocked
+    full = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(21)) < 0.5
     for mask, label in ((causal, "bool [4, 4] causal"), (causal.float(), "0/1 float [4, 4]"),
-                        (causal.long(), "0/1 int64 [4, 4]"), (pad, "bool [1, 1, 1, 4] padding")):
+                        (causal.long(), "0/1 int64 [4, 4]"), (causal.to(torch.uint8), "0/1 uint8 [4, 4]"),
+                        (pad, "bool [1, 1, 1, 4] padding"), (full, "bool [2, 3, 4, 4]")):
         case_apply_mask(apply_mask, scores, mask, name=f"apply_mask(scores [2, 3, 4, 4], {label} mask)")
+    # Other dtypes, layouts and magnitudes: float16, transposed views, far from zero.
+    case_apply_mask(apply_mask, scores.half(), causal, name="apply_mask(float16 scores [2, 3, 4, 4], causal)")
+    case_apply_mask(apply_mask, scores.transpose(-1, -2), causal.t().contiguous().t(),
+                    name="apply_mask(scores [2, 3, 4, 4] as a transposed view, a transposed causal mask)")
+    for shift in (1e4, -1e4):
+        case_apply_mask(apply_mask, scores + shift, causal,
+                        name=f"apply_mask(scores [2, 3, 4, 4] around {shift:+.0e}, causal)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -177,9 +189,24 @@ def case_padding_mask(fn, lengths, n, *, quiet=False):
         print(f"ok  {name}: True exactly at the padding keys j >= length, for every query")
 
 
+def case_padding_with_causal(fn, lengths, n, *, quiet=False):
+    """padding_mask(lengths, n) | causal_mask_bool(n) must be the [B, n, n] mask of a
+    causal model on a padded batch."""
+    name = f"padding_mask({lengths}, {n}) | causal_mask_bool({n})"
+    combined = fn(lengths, n) | ~visible_keys(n, n, causal=True)[0]
+    expected = ~visible_keys(n, n, causal=True, lengths=lengths)
+    if tuple(combined.shape) != tuple(expected.shape):
+        fail(f"{name} has shape {tuple(combined.shape)}, expected {tuple(expected.shape)} = [B, n, n]")
+    assert_close(combined.double(), expected.double(), quiet=True, name=name)
+    if not quiet:
+        print(f"ok  {name}: the [B, n, n] mask of a causal model on a padded batch")
+
+
 def check_padding_mask(padding_mask):
     case_padding_mask(padding_mask, [3, 5, 1], 5)
     case_padding_mask(padding_mask, torch.tensor([2, 4]), 6)
+    case_padding_mask(padding_mask, torch.tensor([0, 9, 4, 1], dtype=torch.int32)[::2], 4)
+    case_padding_with_causal(padding_mask, [4, 0, 2], 4)
 
 
 # ---------------------------------------------------------------------------------------
@@ -209,12 +236,13 @@ def case_safe_softmax(fn, scores, dim, *, name, quiet=False):
     assert_not_trivial(out, name=name)
 
 
-def masked_scores(shape, *, seed, blocked_rows, dtype=torch.float32, scale=3.0):
-    """Random scores [..., N] with random -inf entries and some rows entirely -inf.
+def masked_scores(shape, *, seed, blocked_rows, dtype=torch.float32, scale=3.0, shift=0.0):
+    """Random scores [..., N] (scale * randn + shift) with random -inf entries and some rows
+    entirely -inf.
 
     blocked_rows: indices (tuples of leading indices) of the rows to block entirely.
     """
-    scores = randn(*shape, dtype=torch.float32, seed=seed) * scale
+    scores = randn(*shape, dtype=torch.float32, seed=seed) * scale + shift
     g = torch.Generator().manual_seed(seed)
     blocked = torch.rand(shape, generator=g) < 0.3
     blocked[..., 0] = False  # every other row keeps a visible key
@@ -226,10 +254,16 @@ def masked_scores(shape, *, seed, blocked_rows, dtype=torch.float32, scale=3.0):
 def check_safe_softmax(safe_softmax):
     s = masked_scores((2, 4, 6), seed=30, blocked_rows=[(0, 1), (1, 3)])
     case_safe_softmax(safe_softmax, s, -1, name="safe_softmax(scores [2, 4, 6], dim=-1) with 2 fully masked rows")
-    case_safe_softmax(safe_softmax, s.transpose(1, 2).contiguous(), 1,
-                      name="safe_softmax(scores [2, 6, 4], dim=1) with 2 fully masked columns")
+    case_safe_softmax(safe_softmax, s.transpose(1, 2), 1,
+                      name="safe_softmax(scores [2, 6, 4] as a transposed view, dim=1) with 2 fully masked columns")
     case_safe_softmax(safe_softmax, randn(3, 5, seed=31) * 50, -1,
                       name="safe_softmax(scores [3, 5]) with no mask and large scores")
+    s = masked_scores((4, 7), seed=33, blocked_rows=[(0,), (3,)])
+    case_safe_softmax(safe_softmax, s.t(), 0, name="safe_softmax(scores [7, 4], dim=0) with 2 fully masked columns")
+    for shift, dtype in ((1e4, torch.float32), (-1e4, torch.float16)):
+        s = masked_scores((3, 7), seed=32, blocked_rows=[(1,)], dtype=dtype, shift=shift)
+        case_safe_softmax(safe_softmax, s, -1, name=f"safe_softmax({dtype_name(dtype)} scores [3, 7] "
+                                                    f"around {shift:+.0e}) with a fully masked row")
 
 
 # ---------------------------------------------------------------------------------------
@@ -239,8 +273,10 @@ def kernel_mistakes(scores, causal, lengths):
     """{description: output} of the classic bugs of a masked softmax on scores [B, M, N]."""
     _, M, N = scores.shape
     visible = visible_keys(M, N, causal=causal, lengths=lengths, device=scores.device)
-    mistakes = {"mask polarity inverted: the masked keys got the weight and the visible "
-                "ones were hidden": masked_reference(scores, ~visible)}
+    mistakes = {}
+    if not visible.all():  # with nothing masked, an inverted mask (all zeros) names nothing
+        mistakes["mask polarity inverted: the masked keys got the weight and the visible "
+                 "ones were hidden"] = masked_reference(scores, ~visible)
     if causal:
         mistakes["causal off by one: the diagonal is masked (j < i); query i must see "
                  "the keys j <= i, itself included"] = masked_reference(
@@ -258,6 +294,15 @@ def kernel_mistakes(scores, causal, lengths):
     mistakes["the lanes past the end of the row were loaded as 0 (other=0) instead of -inf, "
              "so they added exp(0 - max) to the sum"] = masked_reference(
         padded, visible_keys(M, block, causal=causal, lengths=lengths, device=scores.device))[..., :N]
+    e = torch.exp(scores.float().masked_fill(~visible, NEG_INF))
+    total = e.sum(-1, keepdim=True)
+    mistakes[OVERFLOW.format(where="row")] = e / total.masked_fill(total == 0, 1.0)
+    if scores.dtype != torch.float32:  # the exps summed in the scores' dtype
+        s = scores.double().masked_fill(~visible, NEG_INF)
+        top = s.amax(-1, keepdim=True)
+        e = torch.exp(s - top.masked_fill(top == NEG_INF, 0.0)).to(scores.dtype).double()
+        total = e.sum(-1, keepdim=True).to(scores.dtype).double()
+        mistakes[HALF_SUM] = e / total.masked_fill(total == 0, 1.0)
     return mistakes
 
 
@@ -266,46 +311,83 @@ def _describe(shape, dtype, causal, lengths):
     return f"[{dims}] {dtype_name(dtype)}, causal={causal}, lengths={lengths}"
 
 
-def case_kernel(kernel, B, M, N, dtype, *, causal, lengths=None, seed, quiet=False):
-    """Launch the learner's kernel directly on guarded buffers (grid (M, B))."""
-    x = guarded_input(randn(B, M, N, dtype=dtype, device=DEVICE, seed=seed) * 3)
-    name = f"masked_softmax_kernel on scores {_describe((B, M, N), dtype, causal, lengths)}"
+def case_kernel(kernel, x, *, causal, lengths=None, gaps=False, label="", quiet=False):
+    """Launch the learner's kernel directly on scores x [B, M, N], in guarded memory (grid
+    (M, B)). With gaps, the input and the output are slices of wider rows and taller batch
+    entries (NaN and sentinels between rows and between batch entries, and different
+    strides for the two): the kernel must use all four strides and leave that memory
+    untouched."""
+    B, M, N = x.shape
+    name = f"masked_softmax_kernel on scores {_describe((B, M, N), x.dtype, causal, lengths)}{label}"
+    if gaps:
+        name += f", rows {N + 5} (input) and {N + 8} (output) entries apart"
+    margin = row_margin(N)
+    x = guarded_input(x.to(DEVICE), gaps=(0, 2, 5) if gaps else None, margin=margin)
     lens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
-    with guarded_output((B, M, N), dtype, DEVICE, name="the output") as out:
+    with guarded_output((B, M, N), x.dtype, DEVICE, name="the output", gaps=(0, 1, 8) if gaps else None,
+                        margin=margin) as out:
         kernel[(M, B)](out, x, lens, x.stride(0), x.stride(1), out.stride(0), out.stride(1), N,
                        CAUSAL=causal, HAS_LENGTHS=lengths is not None,
                        BLOCK_SIZE=triton.next_power_of_2(N))
-    if not causal and lengths is None:
-        explain_nan_from_guards(out, name=name)  # no masked row: NaN can only come from a load
     visible = visible_keys(M, N, causal=causal, lengths=lengths, device=DEVICE)
-    assert_close(out, masked_reference(x, visible), name=name, quiet=quiet,
+    # A NaN in a row that has a visible key and no score exp could overflow on was read
+    # from the guards (a fully masked row's NaN is the kernel's own, named below).
+    calm = visible.any(-1).expand(B, M) & (x.abs().amax(-1) < 80)
+    explain_nan_from_guards(out[calm], name=name, gaps=gaps)
+    atol, rtol = weight_tolerance(x.dtype, N, DEVICE)
+    assert_close(out, masked_reference(x, visible), name=name, quiet=quiet, atol=atol, rtol=rtol,
                  dim_names=("batch b",) + QUERY_KEY, mistakes=kernel_mistakes(x, causal, lengths),
                  hint="key j is visible to query i when j <= i (causal) and j < lengths[b]; "
                       "a row with no visible key must be all zeros")
 
 
+def make_scores(B, M, N, *, seed, dtype=torch.float32, kind="random"):
+    """Scores [B, M, N] of a kind: "random" (3 * randn), "extreme" (rows far from zero both
+    ways, see softmax.extreme_rows) or "long" (float16 rows whose sums of exps pass the
+    float16 max when more than 65504 keys are visible)."""
+    if kind == "extreme":
+        return extreme_rows(B * M, N, seed=seed, dtype=dtype).reshape(B, M, N)
+    if kind == "long":
+        return long_half_rows(B * M, N, seed=seed).reshape(B, M, N)
+    return randn(B, M, N, dtype=dtype, seed=seed) * 3
+
+
 def check_masked_softmax_kernel(kernel):
     # Ragged width, no mask at all: only the load masks keep the tail out.
-    case_kernel(kernel, 2, 3, 37, torch.float32, causal=False, seed=40)
-    case_kernel(kernel, 2, 9, 9, torch.float32, causal=True, lengths=[9, 4], seed=41)
+    case_kernel(kernel, make_scores(2, 3, 37, seed=40), causal=False)
+    case_kernel(kernel, make_scores(2, 9, 9, seed=41), causal=True, lengths=[9, 4])
     # Non-square, both ways: query i still sees keys j <= i.
-    case_kernel(kernel, 1, 5, 12, torch.float32, causal=True, seed=42)
-    case_kernel(kernel, 1, 12, 5, torch.float16, causal=True, seed=43)
+    case_kernel(kernel, make_scores(1, 5, 12, seed=42), causal=True)
+    case_kernel(kernel, make_scores(1, 12, 5, seed=43, dtype=torch.float16), causal=True)
     # A sequence of length 0: all its rows are fully masked.
-    case_kernel(kernel, 3, 4, 20, torch.float16, causal=False, lengths=[20, 0, 7], seed=44)
+    case_kernel(kernel, make_scores(3, 4, 20, seed=44, dtype=torch.float16), causal=False, lengths=[20, 0, 7])
+    # Rows and batch entries apart in memory; scores far from zero both ways; a wide row;
+    # a row whose sum of exps passes the float16 max.
+    case_kernel(kernel, make_scores(2, 3, 37, seed=45), causal=True, lengths=[37, 0], gaps=True)
+    case_kernel(kernel, make_scores(2, 4, 30, seed=46, kind="extreme"), causal=True, lengths=[30, 9],
+                label=", far from zero both ways")
+    case_kernel(kernel, make_scores(2, 4, 30, seed=49, dtype=torch.float16, kind="extreme"), causal=True,
+                lengths=[30, 0], gaps=True, label=", far from zero both ways")
+    case_kernel(kernel, make_scores(1, 2, 5000, seed=47), causal=False, lengths=[4500], label=" (wide rows)")
+    case_kernel(kernel, make_scores(1, 1, 65700, seed=48, kind="long"), causal=False,
+                label=" (a long row: its sum of exps passes the float16 max)")
 
 
 def case_wrapper(fn, kernel, scores, *, causal, lengths=None, name, quiet=False):
     """fn(scores, ...) through the learner's kernel, PyTorch's softmax forbidden."""
     kwargs = {} if causal is None else {"causal": causal}  # None: rely on the default (True)
-    out = run_wrapper(fn, kernel, scores, lengths=lengths, forbid="softmax", name=name, **kwargs)
+    launches, record = recorded_launches()
+    out = run_wrapper(fn, kernel, scores, lengths=lengths, forbid="softmax", name=name,
+                      before_launch=record, **kwargs)
     x = scores if scores.dim() == 3 else scores[None]
     visible = visible_keys(x.shape[1], x.shape[2], causal=causal is not False, lengths=lengths,
                            device=scores.device)
     expected = masked_reference(x, visible).reshape(scores.shape)
     mistakes = {k: v.reshape(scores.shape)
                 for k, v in kernel_mistakes(x, causal is not False, lengths).items()}
-    assert_close(out, expected, name=name, quiet=quiet, mistakes=mistakes)
+    atol, rtol = weight_tolerance(scores.dtype, scores.shape[-1], scores.device)
+    assert_close(out, expected, name=name, quiet=quiet, atol=atol, rtol=rtol, mistakes=mistakes,
+                 hint=wrapper_hint(scores, launches, None))
     if out.dtype != scores.dtype:
         fail(f"{name}: the output is {out.dtype}, the scores {scores.dtype}: return the scores' dtype")
 
@@ -320,3 +402,22 @@ def check_masked_softmax(masked_softmax, kernel):
     x = randn(3, 10, 4, device=DEVICE, seed=52)
     case_wrapper(masked_softmax, kernel, x, causal=None,
                  name="masked_softmax(scores [3, 10, 4]) (causal by default, more queries than keys)")
+    # Non-contiguous scores, rows wider than 4096, scores far from zero both ways, a row
+    # whose sum of exps passes the float16 max.
+    for label, view in layouts(randn(2, 5, 33, device=DEVICE, seed=53), seed=54).items():
+        case_wrapper(masked_softmax, kernel, view, causal=True, lengths=[33, 10],
+                     name=f"masked_softmax(scores [2, 5, 33], {label}, causal=True, lengths=[33, 10])")
+    x = randn(1, 4500, device=DEVICE, seed=55)
+    case_wrapper(masked_softmax, kernel, x, causal=False, lengths=[4400],
+                 name="masked_softmax(scores [1, 4500], causal=False, lengths=[4400]): a row wider than 4096")
+    for dtype in (torch.float32, torch.float16):
+        x = make_scores(2, 4, 20, seed=56, dtype=dtype, kind="extreme").to(DEVICE)
+        case_wrapper(masked_softmax, kernel, x, causal=True, lengths=[20, 0],
+                     name=f"masked_softmax({dtype_name(dtype)} scores [2, 4, 20] far from zero both ways, "
+                          "causal=True, lengths=[20, 0])")
+    x = make_scores(1, 1, 65700, seed=57, kind="long").to(DEVICE)[0]
+    case_wrapper(masked_softmax, kernel, x, causal=False,
+                 name="masked_softmax(float16 scores [1, 65700], causal=False): a row whose sum of "
+                      "exps passes the float16 max")
+    check_rejects([("1-D scores (they must be 2-D or 3-D)", lambda: masked_softmax(torch.ones(3, device=DEVICE)))],
+                  name="masked_softmax")

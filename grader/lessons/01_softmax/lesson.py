@@ -47,7 +47,9 @@ print(course.describe())
 # `dim=0` each column (2 entries). Attention uses the last dim: each query's weights over
 # the keys sum to 1.
 #
-# Write `softmax_naive` straight from the formula (no `torch.softmax`).
+# Write `softmax_naive` straight from the formula (no `torch.softmax`). It must work for a
+# tensor of any number of dims, along any `dim`, and for non-contiguous views (a
+# transposed or permuted tensor) too.
 
 # %% nbgrader={"grade": false, "grade_id": "softmax_naive", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: softmax.softmax_naive
@@ -72,6 +74,11 @@ print("torch.softmax(big) =", torch.softmax(big, dim=-1))
 # $e^{-c}$ cancels. Choose $c = \max_j x_j$. Then every exponent is ≤ 0, every `exp` lies
 # in (0, 1], and the largest is exactly 1, so the sum is at least 1: no overflow, no
 # division by zero. Take the max **along `dim`** (with `keepdim=True`, so it broadcasts).
+#
+# It must work for **any** scores, also far from zero in both directions: one tensor may
+# hold slices around +10⁴ and slices around -10⁴. That is why the max is taken per slice:
+# the max of the whole tensor would leave a slice that lies far below it with
+# `exp(-10⁴) = 0` everywhere (underflow), and 0 / 0 is NaN.
 
 # %% nbgrader={"grade": false, "grade_id": "softmax_stable", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: softmax.softmax_stable
@@ -150,7 +157,10 @@ checks.check_choice(rescale_bug_answer, name="rescale_bug_answer")
 # %% [markdown]
 # Now write the fixed `online_softmax`. It must touch each element of `x` once to build
 # `m` and `l` (one pass over the blocks), then produce the probabilities. If `history` is
-# a list, append `(m, l)` after each block: the plot below uses it.
+# a list, append `(m, l)` after each block: the plot below uses it. Like `softmax_stable`
+# it must work for scores far from zero in either direction (around ±10⁴): every `exp` is
+# taken against the running max, which starts at `-inf` (a max that starts at 0 would
+# make every `exp` of scores around -10⁴ underflow to 0).
 
 # %% nbgrader={"grade": false, "grade_id": "online_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: softmax.online_softmax
@@ -192,9 +202,20 @@ plt.show()
 #   to the sum. (With `other=0` they would add `exp(0 - max)` each: wrong.)
 # - `tl.store(..., mask=cols < n_cols)`: never write past the row.
 #
-# Memory is addressed with pointers: row `r` starts at `in_ptr + r * in_row_stride`.
-# Compute the statistics in float32 even for float16 inputs, and store in the output's
-# dtype (`out_ptr.dtype.element_ty`).
+# Memory is addressed with pointers: row `r` of the input starts at
+# `in_ptr + r * in_row_stride`, row `r` of the output at `out_ptr + r * out_row_stride`.
+# The kernel must honour **both** row strides: the checks also hand it an input and an
+# output whose rows are not one after another in memory (column slices of wider tensors,
+# so a stride is larger than `n_cols`, and the two strides differ), and the memory between
+# the output's rows must stay untouched. Convert the row index to `tl.int64` before
+# multiplying it by a stride: in int32, `row * stride` wraps around past 2**31 elements
+# (a 65536 x 32768 float16 tensor).
+#
+# Compute the statistics (max, exp, sum) in float32 even for float16 inputs, and store in
+# the output's dtype (`out_ptr.dtype.element_ty`): a row may hold more than 65504 entries
+# (the largest float16), and then its sum of exps does not fit in a float16. Rows may be
+# of any width (from 1 to tens of thousands of columns) and lie far from zero in either
+# direction (around ±10⁴).
 #
 # The checks surround your tensors with NaN and sentinel values in memory, so a missing
 # mask shows up as a clear message instead of silent garbage (the interpreter does no
@@ -209,7 +230,13 @@ checks.check_softmax_kernel(softmax_kernel)
 # %% [markdown]
 # The wrapper allocates the output, picks `BLOCK_SIZE = triton.next_power_of_2(n_cols)`
 # and launches one program per row: `softmax_kernel[(n_rows,)](...)`. It must work for
-# any number of columns, from 1 to thousands, and for float16 as well as float32.
+# any number of columns, from 1 to tens of thousands (never cap `BLOCK_SIZE`: one block
+# covers the whole row), and for float16 as well as float32. It must accept
+# non-contiguous input (a transposed view, a column slice of a wider tensor, every other
+# column): give the kernel `x`'s real row stride `x.stride(0)`, and if `x.stride(1) != 1`
+# make `x` contiguous first (the kernel walks a row with unit stride). It raises a
+# `ValueError` for input that is not 2-D. The wrapper only prepares and launches: all of
+# the softmax (max, exp, sum, division) happens in `softmax_kernel`, none of it in PyTorch.
 
 # %% nbgrader={"grade": false, "grade_id": "softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: softmax.softmax

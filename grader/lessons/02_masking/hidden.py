@@ -3,13 +3,26 @@ import torch
 
 from course import DEVICE, INTERPRET
 from course.checks import masking as visible
-from course.testing import assert_close, check_rejects, dtype_name, fail, randn
-from grader.rules import JitKernel, Launches
+from course.testing import check_rejects, dtype_name, randn
+from grader.rules import Avoids, JitKernel, Launches
 
 # Checked on the submitted code (grader/rules.py): the worker's launch count and
-# forbidden-function checks are only as honest as the notebook lets them be.
-RULES = {"test_masked_softmax_kernel": [JitKernel("masked_softmax_kernel")],
-         "test_masked_softmax": [Launches("masked_softmax", "masked_softmax_kernel", forbid="softmax")]}
+# forbidden-function checks are only as honest as the notebook lets them be, and a NaN
+# replaced after the fact gives the same output as none computed at all.
+RULES = {"test_safe_softmax": [Avoids("safe_softmax", ("nan_to_num", "nan_to_num_", "isnan"),
+                                      "safe_softmax must compute no NaN at all, not replace it "
+                                      "afterwards: a NaN computed on the way still makes the "
+                                      "gradients NaN in the backward pass. Give the fully masked "
+                                      "slices finite scores before the softmax, then zero them")],
+         "test_masked_softmax_kernel": [JitKernel("masked_softmax_kernel")],
+         "test_masked_softmax": [Launches("masked_softmax", "masked_softmax_kernel", forbid="softmax"),
+                                 Avoids("masked_softmax",
+                                        ("exp", "exp2", "expm1", "logsumexp", "safe_softmax", "apply_mask",
+                                         "causal_mask", "causal_mask_bool", "padding_mask", "masked_fill",
+                                         "masked_fill_", "triu", "tril"),
+                                        "the wrapper only prepares and launches: the masking and the "
+                                        "softmax must happen in masked_softmax_kernel (from the indices "
+                                        "i and j, never from a mask tensor)")]}
 
 SEEDS = (21, 22, 23)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
@@ -45,6 +58,14 @@ def test_apply_mask(fn):
             for label, mask in masks.items():
                 visible.case_apply_mask(fn, scores, mask.to(DEVICE), quiet=True,
                                         name=f"apply_mask on {dtype_name(dtype)} scores [2, 3, 5, 7] with a {label} mask")
+        # Transposed views (scores and mask), and scores far from zero both ways.
+        scores = randn(B, H, N, M, device=DEVICE, seed=seed).transpose(-1, -2) * 4
+        visible.case_apply_mask(fn, scores, random.t().contiguous().t().to(DEVICE), quiet=True,
+                                name="apply_mask on scores [2, 3, 5, 7] (a transposed view), a transposed bool [5, 7] mask")
+        for shift in (1e4, -1e4):
+            scores = randn(B, H, M, N, device=DEVICE, seed=seed) * 30 + shift
+            visible.case_apply_mask(fn, scores, full.to(DEVICE), quiet=True,
+                                    name=f"apply_mask on scores [2, 3, 5, 7] around {shift:+.0e}, a bool [2, 3, 5, 7] mask")
 
 
 def test_padding_mask(fn):
@@ -53,13 +74,9 @@ def test_padding_mask(fn):
         lengths = [0, n] + torch.randint(0, n + 1, (3,), generator=g).tolist()
         visible.case_padding_mask(fn, lengths, n, quiet=True)
         visible.case_padding_mask(fn, torch.tensor(lengths), n, quiet=True)
-        combined = fn(lengths, n) | visible.visible_keys(n, n, causal=True)[0].logical_not()
-        expected = ~visible.visible_keys(n, n, causal=True, lengths=lengths)
-        if tuple(combined.shape) != tuple(expected.shape):
-            fail(f"padding_mask({lengths}, {n}) | causal_mask has shape {tuple(combined.shape)}, "
-                 f"expected {tuple(expected.shape)} = [B, n, n]")
-        assert_close(combined.double(), expected.double(), quiet=True,
-                     name=f"padding_mask({lengths}, {n}) combined with a causal mask")
+        # int32 lengths, as a strided view.
+        visible.case_padding_mask(fn, torch.tensor(lengths + lengths, dtype=torch.int32)[::2], n, quiet=True)
+        visible.case_padding_with_causal(fn, lengths, n, quiet=True)
 
 
 def test_safe_softmax(fn):
@@ -74,6 +91,13 @@ def test_safe_softmax(fn):
                 visible.case_safe_softmax(fn, s, dim, quiet=True,
                                           name=f"safe_softmax on {dtype_name(dtype)} scores of shape "
                                                f"{tuple(s.shape)}, dim={dim}, with fully masked slices")
+        # Scores far from zero both ways, in float32 and float16.
+        for shift in (1e4, -1e4):
+            for dtype in DTYPES:
+                s = visible.masked_scores((5, 9), seed=seed, blocked_rows=[(2,)], dtype=dtype, scale=20.0, shift=shift)
+                visible.case_safe_softmax(fn, s, -1, quiet=True,
+                                          name=f"safe_softmax on {dtype_name(dtype)} scores [5, 9] around "
+                                               f"{shift:+.0e}, with a fully masked row")
 
 
 # (B, M, N, causal, lengths): widths that are not powers of two, wider than 256 lanes,
@@ -91,16 +115,31 @@ KERNEL_CASES = [
 
 
 def test_masked_softmax_kernel(kernel):
+    # Every case in both dtypes; every other launch on scores and an output whose rows and
+    # batch entries lie apart in memory (all four strides must be used).
     for index, (B, M, N, causal, lengths) in enumerate(KERNEL_CASES):
         for dtype in DTYPES:
-            for seed in SEEDS[:2]:
-                visible.case_kernel(kernel, B, M, N, dtype, causal=causal, lengths=lengths,
-                                    seed=seed * 100 + index, quiet=True)
+            x = visible.make_scores(B, M, N, seed=100 + index, dtype=dtype)
+            visible.case_kernel(kernel, x, causal=causal, lengths=lengths, gaps=(index + dtype.itemsize) % 2 == 1,
+                                quiet=True)
     for seed in SEEDS:
         g = _generator(seed)
         lengths = torch.randint(0, 48, (3,), generator=g).tolist()
-        visible.case_kernel(kernel, 3, 5, 47, torch.float32, causal=bool(seed % 2), lengths=lengths,
-                            seed=seed, quiet=True)
+        visible.case_kernel(kernel, visible.make_scores(3, 5, 47, seed=seed), causal=bool(seed % 2),
+                            lengths=lengths, gaps=seed % 2 == 0, quiet=True)
+    # Rows wider than any fixed block; scores far from zero both ways (with fully masked
+    # rows); a row whose sum of exps passes the float16 max.
+    for (B, M, N), causal, lengths, seed in [((1, 2, 5003), False, [4000], 400), ((1, 3, 8193), True, None, 401)]:
+        for dtype in DTYPES:
+            visible.case_kernel(kernel, visible.make_scores(B, M, N, seed=seed, dtype=dtype), causal=causal,
+                                lengths=lengths, gaps=seed % 2 == 0, label=" (wide rows)", quiet=True)
+    for seed, dtype in zip(SEEDS, DTYPES + DTYPES[:1]):
+        x = visible.make_scores(3, 5, 40 + seed, seed=seed, dtype=dtype, kind="extreme")
+        visible.case_kernel(kernel, x, causal=True, lengths=[40 + seed, 0, 7], gaps=seed % 2 == 1,
+                            label=", far from zero both ways", quiet=True)
+    x = visible.make_scores(1, 1, 65800, seed=402, kind="long")
+    visible.case_kernel(kernel, x, causal=False, lengths=[65790], quiet=True,
+                        label=" (a long row: its sum of exps passes the float16 max)")
 
 
 def test_masked_softmax(fn, kernel):
@@ -117,10 +156,32 @@ def test_masked_softmax(fn, kernel):
         x = randn(5, 20, device=DEVICE, seed=seed)
         visible.case_wrapper(fn, kernel, x, causal=None, lengths=torch.tensor([7], device=DEVICE),
                              quiet=True, name="masked_softmax on scores [5, 20] (default causal), lengths=tensor([7])")
-        # A non-contiguous view: its rows are not one after another in memory.
-        x = randn(2, 50, 8, device=DEVICE, seed=seed).transpose(1, 2)
-        visible.case_wrapper(fn, kernel, x, causal=True, lengths=[50, 20], quiet=True,
-                             name="masked_softmax on a transposed [2, 8, 50] view, causal, lengths=[50, 20]")
+    # Non-contiguous views: their rows are not one after another in memory.
+    for dtype, seed in zip(DTYPES, (24, 25, 26)):
+        x = randn(3, 6, 41, dtype=dtype, device=DEVICE, seed=seed) * 4
+        for label, view in visible.layouts(x, seed=seed + 10).items():
+            visible.case_wrapper(fn, kernel, view, causal=True, lengths=[41, 0, 17], quiet=True,
+                                 name=f"masked_softmax on {dtype_name(dtype)} scores [3, 6, 41], {label}, "
+                                      "causal, lengths=[41, 0, 17]")
+        visible.case_wrapper(fn, kernel, visible.layouts(x[0], seed=seed)["a transposed view"], causal=False,
+                             quiet=True, name=f"masked_softmax on {dtype_name(dtype)} scores [6, 41] (a transposed view)")
+    # Rows wider than any fixed block, scores far from zero both ways, a long float16 row.
+    for shape, dtype, causal, lengths, seed in [((1, 3, 5003), torch.float32, True, [4999], 27),
+                                                ((1, 9001), torch.float16, False, [8000], 28),
+                                                ((1, 2, 8193), torch.float32, False, None, 29)]:
+        x = randn(*shape, dtype=dtype, device=DEVICE, seed=seed) * 4
+        visible.case_wrapper(fn, kernel, x, causal=causal, lengths=lengths, quiet=True,
+                             name=f"masked_softmax on {dtype_name(dtype)} scores {list(shape)}, "
+                                  f"causal={causal}, lengths={lengths}")
+    for dtype, seed in zip(DTYPES, (30, 31, 32)):
+        x = visible.make_scores(3, 5, 44, seed=seed, dtype=dtype, kind="extreme").to(DEVICE)
+        visible.case_wrapper(fn, kernel, x, causal=True, lengths=[44, 0, 30], quiet=True,
+                             name=f"masked_softmax on {dtype_name(dtype)} scores [3, 5, 44] far from zero "
+                                  "both ways, causal, lengths=[44, 0, 30]")
+    x = visible.make_scores(1, 1, 65800, seed=33, kind="long").to(DEVICE)[0]
+    visible.case_wrapper(fn, kernel, x, causal=False, lengths=[65790], quiet=True,
+                         name="masked_softmax on float16 scores [1, 65800], causal=False, lengths=[65790]: "
+                              "a sum of exps past the float16 max")
     check_rejects([(f"{bad.dim()}-D scores (they must be 2-D or 3-D)", lambda bad=bad: fn(bad))
                    for bad in (torch.ones(3, device=DEVICE), torch.ones(2, 2, 3, 4, device=DEVICE))],
                   name="masked_softmax")

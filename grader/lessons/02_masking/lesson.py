@@ -86,7 +86,9 @@ checks.check_causal_mask(causal_mask)
 # The mask may be boolean (True = blocked) or numeric (1 = blocked, 0 = visible), and it
 # **broadcasts** against the scores: one `[M, N]` causal mask serves scores
 # `[B, H, M, N]` of every batch entry and head. `Tensor.masked_fill` does exactly this;
-# it wants a boolean mask. Return a new tensor: do not change `scores` in place.
+# it wants a boolean mask. Return a new tensor: do not change `scores` in place. It must
+# work for scores of any float dtype and layout (a transposed view too), however far from
+# zero they lie.
 
 # %% nbgrader={"grade": false, "grade_id": "apply_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: masking.apply_mask
@@ -122,7 +124,8 @@ plt.show()
 # True at the padding positions. The middle dim of size 1 broadcasts over the queries:
 # it works with scores `[B, n, n]`, and with a causal `[n, n]` mask:
 # `padding_mask(lengths, n) | causal_mask_bool(n)` is the `[B, n, n]` mask that a
-# causal model uses on a padded batch. `lengths` may be a list or a 1-D tensor.
+# causal model uses on a padded batch. `lengths` may be a list or a 1-D tensor (of any
+# integer dtype, possibly a strided view).
 
 # %% nbgrader={"grade": false, "grade_id": "padding_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: masking.padding_mask
@@ -162,8 +165,12 @@ print("weights of sequence 1:\n", torch.softmax(empty, dim=-1)[1])
 # %% [markdown]
 # Write `safe_softmax(scores, dim=-1)`: the softmax along `dim`, except that slices whose
 # entries are **all** `-inf` give **zeros** (the query attends to nothing). Compute no NaN
-# at all on the way (a NaN replaced afterwards still breaks the backward pass), and raise
-# no warnings. `torch.softmax` is allowed here.
+# at all on the way, and raise no warnings: a NaN replaced afterwards still makes the
+# gradients NaN in the backward pass, so `nan_to_num` and `isnan` may not be used to
+# repair the result; give the fully masked slices finite scores before the softmax
+# instead. `torch.softmax` is allowed here. It must work for scores in any layout (a
+# transposed view), in float16 as in float32, and far from zero in either direction
+# (around ±10⁴).
 
 # %% nbgrader={"grade": false, "grade_id": "safe_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: masking.safe_softmax
@@ -189,7 +196,16 @@ checks.check_safe_softmax(safe_softmax)
 #   the kernel is compiled: the unused branch costs nothing. With `M != N`, keep
 #   `j <= i` (query `i` sees the first `i + 1` keys, like `is_causal` in PyTorch's SDPA);
 # - a row with no visible key must give zeros, not NaN (section 4, now inside the kernel);
-# - statistics in float32, store in the output's dtype, store masked.
+# - statistics (max, exp, sum) in float32, store in the output's dtype, store masked: a row
+#   may have more than 65504 visible keys (the largest float16), and then its sum of exps
+#   does not fit in a float16;
+# - honour **all four** strides: the checks also hand the kernel scores and an output whose
+#   rows and batch entries are not one after another in memory (slices of wider rows and
+#   of taller batch entries, with strides that differ between the input and the output);
+#   row `i` of entry `b` of the output starts at `out_ptr + b * out_stride_b + i *
+#   out_stride_m`, and the memory between the output's rows must stay untouched;
+# - any number of keys (from 1 to tens of thousands), scores far from zero in either
+#   direction (around ±10⁴).
 
 # %% nbgrader={"grade": false, "grade_id": "masked_softmax_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: masking.masked_softmax_kernel
@@ -204,11 +220,15 @@ checks.check_masked_softmax_kernel(masked_softmax_kernel)
 #   raises a `ValueError` for any other number of dims;
 # - `lengths` (optional): a list or tensor of `B` ints (one for 2-D scores), sent to the
 #   kernel as an int32 tensor on the scores' device; `None` means no padding;
-# - the kernel walks a row with unit stride: if `scores.stride(-1) != 1` (a transposed
-#   view), make it contiguous first;
+# - it must accept non-contiguous scores: the kernel walks a row with unit stride, so if
+#   `scores.stride(-1) != 1` (a transposed view) make it contiguous first; otherwise (a
+#   slice of wider rows or of a larger batch) give the kernel the real strides;
 # - launches `masked_softmax_kernel` on the grid `(M, B)` with
-#   `BLOCK_SIZE = triton.next_power_of_2(N)`, and returns the weights with the shape and
-#   dtype of `scores`.
+#   `BLOCK_SIZE = triton.next_power_of_2(N)` (never capped: one block covers a whole row,
+#   for any N), and returns the weights with the shape and dtype of `scores`;
+# - it only prepares and launches: the masking and the softmax happen in the kernel, from
+#   the indices `i` and `j` (no mask tensor, no `masked_fill`, no PyTorch `exp` or softmax
+#   in the wrapper).
 
 # %% nbgrader={"grade": false, "grade_id": "masked_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: masking.masked_softmax
