@@ -17,7 +17,8 @@ import warnings
 import numpy as np
 import torch
 
-_LAUNCH = {"kernel": "", "ranges": []}  # the current launch: [(start, end, name)]
+_LAUNCH = {"kernel": "", "ranges": [], "tables": []}  # the current launch: its tensors'
+# [(start, end, name)], and int64 arguments not yet searched as pointer tables
 WATCHERS = []  # callables(kernel name, [(arg name, arg)]) told of every launch (tests use it)
 
 
@@ -47,13 +48,14 @@ def _tables_point_to(values):
 
 
 def _ranges_of(named_args):
-    ranges = []
+    """(ranges of the tensor arguments, int64 arguments that may be pointer tables)."""
+    ranges, tables = [], []
     for name, arg in named_args:
         if isinstance(arg, torch.Tensor) and arg.device.type == "cpu":
             ranges.append(_storage_range(arg, name))
             if arg.dtype == torch.int64 and arg.numel():
-                ranges += _tables_point_to(arg.detach().reshape(-1).numpy())
-    return ranges
+                tables.append(arg.detach().reshape(-1).numpy())
+    return ranges, tables
 
 
 def _check(ptrs, mask, itemsize, verb):
@@ -67,6 +69,10 @@ def _check(ptrs, mask, itemsize, verb):
     for start, end, _ in ranges:
         inside |= (address >= start) & (address + itemsize <= end)
     bad = lanes & ~inside
+    if bad.any() and _LAUNCH["tables"]:  # the tensors a pointer table points to, found once
+        ranges += _tables_point_to(np.concatenate(_LAUNCH["tables"]))
+        _LAUNCH["tables"] = []
+        return _check(ptrs, mask, itemsize, verb)
     if not bad.any():
         return
     from triton.runtime.interpreter import interpreter_builder
@@ -96,7 +102,8 @@ def install():
         for watcher in WATCHERS:
             watcher(getattr(self.fn, "__name__", "kernel"), named)
         saved = dict(_LAUNCH)
-        _LAUNCH.update(kernel=getattr(self.fn, "__name__", "the kernel"), ranges=_ranges_of(named))
+        ranges, tables = _ranges_of(named)
+        _LAUNCH.update(kernel=getattr(self.fn, "__name__", "the kernel"), ranges=ranges, tables=tables)
         try:
             return launch(self, *args, **kwargs)
         finally:

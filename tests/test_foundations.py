@@ -48,6 +48,9 @@ def test_reference_answers_are_right():
     expected = torch.where(blocked, 0.0, scores.exp())
     torch.testing.assert_close(out, expected / expected.sum(-1, keepdim=True))
     assert (out[blocked] == 0).all()
+    far = torch.tensor([[-2e30, -1e30, -1.5e30], [1e30, 3e30, 2e30]])  # scores far from zero
+    out = ref.q09_masked_softmax(far.t().contiguous().t(), torch.tensor([[0, 1, 0], [1, 0, 1]]))
+    assert out.tolist() == [[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
 
     n, fp16_bytes, trips = 1024, 2, 4  # write S, read S, write P, read P
     assert ref.q10_fusion_bytes_saved == n * n * fp16_bytes * trips
@@ -122,6 +125,9 @@ def test_visible_checks_accept_any_well_formed_answer():
     (lambda: checks.check_q09_masked_softmax(
         lambda s, m: torch.softmax(s.masked_fill(m, float("-inf")), -1)), "boolean"),
     (lambda: checks.check_q09_masked_softmax(lambda s, m: None), "return"),
+    (lambda: checks.check_q09_masked_softmax(  # exp of the raw scores: inf / inf on large rows
+        lambda s, m: (lambda e: e / e.sum(-1, keepdim=True))(s.masked_fill(m.bool(), -math.inf).exp())),
+     "NaN"),
     (lambda: checks.check_q10_fusion(-8), "positive"),
 ])
 def test_visible_checks_explain_a_malformed_answer(call, says):

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from course import DEVICE, INTERPRET
 from course.checks import tiling as checks
-from course.testing import assert_close, count_launches, randn
+from course.testing import CheckFailed, assert_close, count_launches, randn
 from grader import paths
 from grader.paths import lesson_file
 from solutions import tiling
@@ -50,7 +50,9 @@ def test_matmul(M, K, N, dtype):
 
 
 @pytest.mark.parametrize("B, H, M, N, K, layout", [(1, 1, 1, 1, 1, "bhmk"), (2, 3, 37, 45, 20, "bhmk"),
-                                                  (2, 2, 64, 33, 70, "bmhk")])
+                                                  (2, 2, 64, 33, 70, "bmhk"), (1, 2, 20, 30, 40, "transposed"),
+                                                  (2, 1, 33, 17, 24, "sliced"), (1, 2, 9, 40, 35, "strided"),
+                                                  (2, 3, 20, 20, 16, "shared")])
 @pytest.mark.parametrize("b_transposed", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_batched_gemm_strided(B, H, M, N, K, layout, b_transposed, dtype):
@@ -65,13 +67,70 @@ def test_batched_gemm_strided(B, H, M, N, K, layout, b_transposed, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_batched_gemm_ptrs(b_transposed, dtype):
     shapes = [(37, 45, 20), (1, 1, 1), (70, 20, 33), (5, 64, 16)]
-    a_list, b_list = checks.ptrs_inputs(shapes, dtype, b_transposed, seed=7)
+    a_list, b_list = checks.ptrs_inputs(shapes, dtype, b_transposed, seed=7, layouts=checks.LAYOUTS)
     with count_launches(tiling.batched_gemm_ptrs_kernel) as launches:
         out = tiling.batched_gemm_ptrs(a_list, b_list, b_transposed)
     assert launches[0] == 1 and len(out) == len(shapes)
     for o, x, y in zip(out, a_list, b_list):
         assert o.dtype == dtype
         assert_close(o, _reference(x, y.t() if b_transposed else y), quiet=True)
+
+
+@pytest.mark.parametrize("layout, strides", [("contiguous", (7, 1)), ("transposed", (1, 5)),
+                                             ("sliced", (12, 1)), ("strided", (16, 2))])
+def test_in_layout_keeps_the_values_in_the_layout_it_names(layout, strides):
+    x = randn(5, 7, seed=1)
+    view = checks.in_layout(x, layout, seed=2)
+    assert torch.equal(view, x) and view.stride() == strides
+
+
+def test_cancelling_values_overflow_fp16_but_cancel_exactly():
+    span = checks.SPAN
+    a, b = checks.matmul_values(6, 5, 2 * span + 30, seed=3, kind="cancelling")
+    for t in (a[:, :2 * span], b[:2 * span]):  # whole numbers (exact in fp16), far from zero
+        assert torch.equal(t, t.round()) and t.abs().min() >= 200 and t.abs().max() <= 300
+    assert (a[:, :span] @ b[:span]).abs().max() > torch.finfo(torch.float16).max
+    big = a[:, :2 * span].double() @ b[:2 * span].double()
+    assert torch.equal(big, torch.zeros_like(big))
+
+
+def _fake_kernel(store):
+    """Something launched like a kernel that computes C in PyTorch and stores it with
+    store(c, value): for proving what the checks catch without writing a buggy kernel."""
+    class Kernel:
+        def __getitem__(self, grid):
+            def launch(a, b, c, M, N, K, *strides, **blocks):
+                store(c, (a.double() @ b.double()).to(c.dtype))
+            return launch
+    return Kernel()
+
+
+@pytest.mark.parametrize("out_layout", ["sliced", "transposed"])
+def test_matmul_kernel_check_catches_a_store_that_ignores_c_strides(out_layout):
+    def as_if_contiguous(c, value):
+        torch.as_strided(c, c.shape, (c.shape[1], 1)).copy_(value)
+    checks.case_matmul_kernel_random(_fake_kernel(lambda c, v: c.copy_(v)), 20, 30, 40,
+                                     torch.float32, seed=0, out_layout=out_layout, quiet=True)
+    with pytest.raises(CheckFailed, match="stride_cm"):
+        checks.case_matmul_kernel_random(_fake_kernel(as_if_contiguous), 20, 30, 40,
+                                         torch.float32, seed=0, out_layout=out_layout, quiet=True)
+
+
+def test_matmul_kernel_check_catches_an_fp16_accumulator():
+    class Fp16Accumulator:  # launched like a kernel; sums K blocks in fp16
+        def __getitem__(self, grid):
+            def launch(a, b, c, M, N, K, *strides, BLOCK_M, BLOCK_N, BLOCK_K):
+                acc = torch.zeros(M, N, dtype=torch.float16)
+                for k0 in range(0, K, BLOCK_K):
+                    acc += (a[:, k0:k0 + BLOCK_K].float() @ b[k0:k0 + BLOCK_K].float()).half()
+                c.copy_(acc)
+            return launch
+    with pytest.raises(CheckFailed, match="fp32"):
+        checks.case_matmul_kernel_random(Fp16Accumulator(), 20, 24, 160, torch.float16, seed=3,
+                                         kind="cancelling", quiet=True)
+    with pytest.raises(CheckFailed, match="fp32"):
+        checks.case_matmul_kernel_random(Fp16Accumulator(), 20, 24, 1024, torch.float16, seed=4,
+                                         quiet=True)
 
 
 def _ones(*shape, dtype=torch.float32):

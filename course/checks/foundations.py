@@ -93,11 +93,11 @@ def check_q08_causal(mask, weights):
     print("ok  q08: an additive 4x4 mask of 0 / -inf, and 4x4 weights whose rows sum to 1")
 
 
-def check_q09_masked_softmax(fn):
-    scores = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [3.0, 0.0, -2.0, 1.0]])
-    mask = torch.tensor([[0, 1, 0, 0], [1, 1, 0, 0], [0, 0, 0, 1]])
+def _q09_form(fn, scores, mask, what):
+    """Run q09_masked_softmax on one case and check the form of its answer only."""
+    name = f"q09_masked_softmax(scores, mask) on {what}"
     try:
-        out = fn(scores.clone(), mask.clone())
+        out = fn(scores, mask)
     except RuntimeError as error:
         if "bool" in str(error).lower():
             fail("masked_fill needs a boolean mask, and this mask holds the integers 0 and 1: "
@@ -105,9 +105,22 @@ def check_q09_masked_softmax(fn):
         raise
     if out is None:
         fail("q09_masked_softmax returned None: did you forget a `return`?")
-    _sums_to_one(_tensor(out, "q09_masked_softmax(scores, mask)", (3, 4)), -1,
-                 "q09_masked_softmax(scores, mask)", "the rows")
-    print("ok  q09_masked_softmax: runs, weights of shape [3, 4] whose rows sum to 1")
+    _sums_to_one(_tensor(out, name, tuple(scores.shape)), -1, name, "the rows")
+
+
+def check_q09_masked_softmax(fn):
+    scores = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [3.0, 0.0, -2.0, 1.0]])
+    mask = torch.tensor([[0, 1, 0, 0], [1, 1, 0, 0], [0, 0, 0, 1]])
+    _q09_form(fn, scores, mask, "small scores")
+    # Scores far below zero in a slice of longer rows, far above zero as a transposed view,
+    # with a uint8 mask: any finite scores, any layout and any 0/1 integer mask must work.
+    extreme = torch.tensor([[1e4, 1e4 + 3.0, 1e4 - 2.0, 0.0], [2e30, 1e30, 1.5e30, 0.0]])
+    extreme_mask = torch.tensor([[1, 0, 0], [0, 1, 0]], dtype=torch.uint8)
+    _q09_form(fn, (-extreme)[:, :3], extreme_mask, "very negative scores (a slice of longer rows)")
+    _q09_form(fn, extreme[:, :3].t().contiguous().t(), extreme_mask.t().contiguous().t(),
+              "very large scores (a transposed view)")
+    print("ok  q09_masked_softmax: runs, weights of the scores' shape whose rows sum to 1, "
+          "for small and for very large or very negative scores")
 
 
 def check_q10_fusion(value):

@@ -29,6 +29,14 @@ BUGS = {
         "q09_masked_softmax", find="mask.bool()", replace="mask == 0", says="polarity"),
     "masked_fill_with_zero": Bug(
         "q09_masked_softmax", find='float("-inf")', replace="0.0", says="-inf"),
+    "masked_fill_large_negative": Bug(
+        "q09_masked_softmax", find='float("-inf")', replace="-1e9", says="very negative"),
+    "masked_softmax_without_max": Bug(  # exp of the scores as they are, then normalized
+        "q09_masked_softmax",
+        find='torch.softmax(scores.masked_fill(mask.bool(), float("-inf")), dim=-1)',
+        replace='(lambda e: e / e.sum(-1, keepdim=True))(scores.masked_fill(mask.bool(), '
+                'float("-inf")).exp())',
+        says="overflow"),
     "fusion_one_trip_per_matrix": Bug(
         "q10_fusion", find="4 * 1024", replace="2 * 1024", says="two trips"),
     "fp16_everywhere": Bug(

@@ -149,9 +149,9 @@ def test_q08_causal(mask, weights):
     print("ok  q08: right")
 
 
-def _random_case(shape, seed):
+def _random_case(shape, seed, scale=3.0):
     g = torch.Generator().manual_seed(seed)
-    scores = 3 * torch.randn(*shape, generator=g)
+    scores = scale * torch.randn(*shape, generator=g)
     mask = (torch.rand(*shape, generator=g) < 0.45).long()
     # Keep one open entry per row: a fully blocked row is module 02's topic.
     open_col = torch.randint(0, shape[-1], shape[:-1], generator=g)
@@ -159,27 +159,71 @@ def _random_case(shape, seed):
     return scores, mask
 
 
+def _extreme_case(n_cols, seed, sign):
+    """Rows whose scores all lie far from zero on one side (sign): around 1e4 (a few apart),
+    1e10 and 1e30 (spread over a factor of 2)."""
+    scores, mask = _random_case((3, n_cols), seed, scale=1.0)
+    spread = 1 + torch.rand(2, n_cols, generator=torch.Generator().manual_seed(seed + 1))
+    return sign * torch.stack([1e4 + 3 * scores[0], 1e10 * spread[0], 1e30 * spread[1]]), mask
+
+
+def _as_view(t, layout):
+    """The same values as a non-contiguous view: "transposed" (stored column by column) or
+    "sliced" (the first columns of longer rows)."""
+    if layout == "transposed":
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 3, dtype=t.dtype)
+    wide[..., :t.shape[-1]] = t
+    return wide[..., :t.shape[-1]]
+
+
+def _check_masked_softmax(fn, scores, mask, extreme):
+    blocked = mask.bool()
+    expected = torch.softmax(scores.double().masked_fill(blocked, -math.inf), dim=-1)
+    got = _tensor(fn(scores, mask), "q09_masked_softmax(scores, mask)", scores.shape)
+    gives_blocked_weight = bool((got[blocked] != 0).any())  # NaN counts as weight here
+    open_weights = got[~blocked]
+    if gives_blocked_weight and bool((open_weights == 0).any()) and \
+            bool(((open_weights == 0) | torch.isnan(open_weights)).all()):
+        fail("q09_masked_softmax gives weight to the blocked entries and none to the "
+             "open ones: the mask's polarity is inverted (mask == 1 means blocked).")
+    if torch.isnan(got).any():
+        if extreme:
+            fail("q09_masked_softmax gives NaN on rows of very large or very negative scores: "
+                 "exp overflows to inf (or every exp underflows to 0) unless the row max is "
+                 "subtracted first, as torch.softmax does (Q6).")
+        fail("q09_masked_softmax gives NaN on rows that have open entries.")
+    if gives_blocked_weight:
+        if extreme:
+            fail("q09_masked_softmax gives weight to blocked entries in rows whose scores are "
+                 "very negative (down to -1e30): a large negative fill such as -1e9 is still "
+                 "above such scores. Only -inf weighs exactly 0, whatever the row holds.")
+        fail("q09_masked_softmax gives weight to blocked entries: their scores must become "
+             "-inf before the softmax, since exp(-inf) = 0 (a score of 0 still gets "
+             "weight exp(0) = 1).")
+    if not _close(got, expected):
+        fail("q09_masked_softmax gives the wrong weights on the open entries: take the "
+             "softmax over the last dim (the keys) after blocking the masked scores.")
+
+
 def test_q09_masked_softmax(fn):
-    for seed, shape in enumerate([(3, 5), (2, 4, 7), (1, 6, 11), (5, 1)]):
+    shapes = [(3, 5), (2, 4, 7), (1, 6, 11), (5, 1), (4, 9), (3, 2, 6)]
+    layouts = [None, None, None, None, "transposed", "sliced"]
+    mask_dtypes = [torch.int64, torch.int64, torch.int32, torch.int64, torch.uint8, torch.int64]
+    for seed, (shape, layout, mask_dtype) in enumerate(zip(shapes, layouts, mask_dtypes)):
         scores, mask = _random_case(shape, 900 + seed)
-        out = fn(scores.clone(), mask.clone())
-        got = _tensor(out, "q09_masked_softmax(scores, mask)", shape)
-        blocked = mask.bool()
-        expected = torch.softmax(scores.double().masked_fill(blocked, -math.inf), dim=-1)
-        if bool((got[blocked] != 0).any()):  # NaN counts as weight here
-            open_weights = got[~blocked]
-            if bool(((open_weights == 0) | torch.isnan(open_weights)).all()):
-                fail("q09_masked_softmax gives weight to the blocked entries and none to the "
-                     "open ones: the mask's polarity is inverted (mask == 1 means blocked).")
-            fail("q09_masked_softmax gives weight to blocked entries: their scores must become "
-                 "-inf before the softmax, since exp(-inf) = 0 (a score of 0 still gets "
-                 "weight exp(0) = 1).")
-        if torch.isnan(got).any():
-            fail("q09_masked_softmax gives NaN on rows that have open entries.")
-        if not _close(got, expected):
-            fail("q09_masked_softmax gives the wrong weights on the open entries: take the "
-                 "softmax over the last dim (the keys) after blocking the masked scores.")
-    print("ok  q09_masked_softmax: right on random scores and masks")
+        mask = mask.to(mask_dtype)
+        if layout:
+            scores, mask = _as_view(scores, layout), _as_view(mask, layout)
+        _check_masked_softmax(fn, scores, mask, extreme=False)
+    for seed, (n_cols, layout, sign) in enumerate([(7, None, -1), (12, "transposed", -1), (5, "sliced", 1),
+                                                    (9, None, 1), (6, "transposed", 1), (11, "sliced", -1)]):
+        scores, mask = _extreme_case(n_cols, 950 + seed, sign)
+        if layout:
+            scores, mask = _as_view(scores, layout), _as_view(mask, layout)
+        _check_masked_softmax(fn, scores, mask, extreme=True)
+    print("ok  q09_masked_softmax: right on random scores and masks, views, and rows of very "
+          "large and very negative scores")
 
 
 def test_q10_fusion(value):

@@ -283,9 +283,12 @@ plt.show()
 # Masks also come as 0/1 integer tensors of the same shape as the scores, where **1 means
 # blocked** (a padding token, a future token). Write `q09_masked_softmax(scores, mask)`:
 # use `scores.masked_fill(...)` to give every blocked score `-inf`, then take the softmax
-# over the last dim. Blocked entries must get weight exactly 0. (Here every row has at
-# least one open entry; module 02 deals with rows that are blocked entirely.)
-# Note that `masked_fill` wants a boolean mask.
+# over the last dim. Blocked entries must get weight exactly 0, whatever the scores: the
+# hidden tests use rows of scores far from zero (around ±1e4, ±1e10, ±1e30), where a
+# large negative number such as `-1e9` in place of `-inf` is not enough and an `exp` of
+# the raw scores overflows (Q6). Scores may be non-contiguous views, and the mask any 0/1
+# integer dtype. (Here every row has at least one open entry; module 02 deals with rows
+# that are blocked entirely.) Note that `masked_fill` wants a boolean mask.
 
 # %% nbgrader={"grade": false, "grade_id": "q09_masked_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: foundations.q09_masked_softmax
@@ -296,9 +299,10 @@ checks.check_q09_masked_softmax(q09_masked_softmax)
 # %% [markdown]
 # **Why.** `masked_fill(condition, value)` replaces the entries where the condition is
 # True and leaves the others. Blocked scores set to `-inf` weigh `exp(-inf) = 0` after the
-# softmax, and the open entries share all of the weight. Two classic slips: filling with
-# `0` instead of `-inf` (a score of 0 still weighs `exp(0) = 1`), and inverting the
-# polarity, which blocks exactly the entries that should be open.
+# softmax, and the open entries share all of the weight. Three classic slips: filling with
+# `0` instead of `-inf` (a score of 0 still weighs `exp(0) = 1`); filling with a large
+# negative number such as `-1e9`, which a row of even lower scores outweighs; and inverting
+# the polarity, which blocks exactly the entries that should be open.
 
 # %% [markdown]
 # ## Why fuse kernels, and why low precision

@@ -1,38 +1,60 @@
-"""Hidden tests of module 03: the visible cases on inputs the learner never saw
-(several seeds, sizes that are not multiples of any tile, non-contiguous views, mixed
-shapes per pointer, both transposition settings, fp32 and fp16, bf16 on a GPU)."""
+"""Hidden tests of module 03: the visible cases on inputs the learner never saw (several
+seeds, sizes that are not multiples of any tile, sizes of several hundred and K of
+thousands, every memory layout of every input and of matmul_kernel's output, block shapes
+that differ, values past fp16's range and fp16 products that overflow it, mixed shapes per
+pointer, both transposition settings, fp32 and fp16, bf16 on a GPU)."""
+import itertools
+
 import torch
 
 from course import DEVICE, INTERPRET
 from course.checks import tiling as visible
-from course.testing import check_rejects, dtype_name, fail, randn
-from grader.rules import JitKernel, Launches
+from course.checks.tiling import LAYOUTS, OUT_LAYOUTS
+from course.testing import check_rejects, fail
+from grader.rules import Int64Offsets, JitKernel, Launches
 
 # Checked on the submitted code (grader/rules.py): the worker's launch count and
-# forbidden-function checks are only as honest as the notebook lets them be.
+# forbidden-function checks are only as honest as the notebook lets them be, and int64
+# offsets only matter past 2**31 elements, which a CPU cannot allocate.
 RULES = {
     "test_matmul_kernel": [JitKernel("matmul_kernel")],
     "test_matmul": [Launches("matmul", "matmul_kernel", forbid="matmul")],
     "test_batched_gemm_strided": [Launches("batched_gemm_strided", "batched_gemm_strided_kernel",
-                                           forbid="matmul")],
+                                           forbid="matmul"),
+                                  Int64Offsets("batched_gemm_strided_kernel")],
     "test_batched_gemm_ptrs": [Launches("batched_gemm_ptrs", "batched_gemm_ptrs_kernel", forbid="matmul")],
 }
 
 SEEDS = (31, 32, 33)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
+F32, F16 = torch.float32, torch.float16
+LAYOUT_PAIRS = list(itertools.product(LAYOUTS, LAYOUTS))  # every layout of a with every one of b
 
 
 def test_tiled_matmul(fn):
+    def case(*args, **kwargs):
+        visible.case_tiled_matmul(fn, *args, quiet=True, **kwargs)
     cases = [(1, 1, 1, 1), (3, 4, 5, 1), (50, 33, 70, 16), (64, 64, 64, 64), (13, 29, 7, 5),
              (40, 24, 100, 32)]
     for seed in SEEDS:
-        for (M, N, K, tile), dtype in zip(cases, (torch.float32, torch.float16) * 3):
-            visible.case_tiled_matmul(fn, M, N, K, tile, dtype, seed=seed + M, quiet=True)
+        for (M, N, K, tile), dtype in zip(cases, (F32, F16) * 3):
+            case(M, N, K, tile, dtype, seed=seed + M)
+    for (M, N, K, tile), layouts, dtype, seed in zip(
+            [(33, 40, 70, 16), (50, 21, 64, 32), (17, 38, 45, 8), (29, 30, 31, 6)],
+            [("transposed", "strided"), ("sliced", "transposed"), ("strided", "sliced"),
+             ("contiguous", "transposed")], (F32, F16) * 2, SEEDS + SEEDS[:1]):
+        case(M, N, K, tile, dtype, seed=seed, layouts=layouts)
+    case(20, 16, 1536, 32, F16, seed=SEEDS[0])  # long fp16 reductions
+    case(12, 17, 2048, 64, F16, seed=SEEDS[1], layouts=("transposed", "contiguous"))
+    case(40, 33, 300, 16, F16, seed=SEEDS[2], kind="cancelling")
+    case(20, 45, 200, 32, F32, seed=SEEDS[0], kind="cancelling", layouts=("sliced", "contiguous"))
+    case(35, 28, 90, 16, F32, seed=SEEDS[1], kind="large")
 
 
 def test_dram_reads(dram_reads, dram_reads_untiled):
     g = torch.Generator().manual_seed(SEEDS[0])
-    cases = [(1, 1, 1, 1), (128, 64, 32, 64), (97, 61, 33, 16), (4096, 4096, 64, 128)]
+    cases = [(1, 1, 1, 1), (128, 64, 32, 64), (97, 61, 33, 16), (4096, 4096, 64, 128),
+             (65536, 65536, 128, 128), (10 ** 6, 3, 7, 4096), (123457, 98765, 4321, 96)]
     cases += [tuple(int(v) for v in torch.randint(1, 300, (3,), generator=g)) +
               (int(torch.randint(1, 70, (1,), generator=g)),) for _ in range(6)]
     for m, n, k, tile in cases:
@@ -43,29 +65,42 @@ def test_dram_reads(dram_reads, dram_reads_untiled):
 
 
 def test_matmul_kernel(kernel):
-    shapes = [(1, 1, 1), (16, 16, 16), (33, 65, 17), (64, 32, 96), (7, 40, 45)]
-    for (M, N, K), seed in zip(shapes, SEEDS * 2):
-        for dtype in DTYPES:
-            visible.case_matmul_kernel_random(kernel, M, N, K, dtype, seed=seed, quiet=True,
-                                              b_col_major=seed % 2 == 0)
-    # A transposed (column-major) a: only its strides say so.
-    a = visible._guarded((45, 30), torch.float32, SEEDS[1]).t()
-    b = visible._guarded((45, 38), torch.float32, SEEDS[2])
-    visible.case_matmul_kernel(kernel, a, b, name="matmul_kernel with a column-major a", quiet=True)
-    for seed in SEEDS[:2]:
-        visible.case_fp16_accumulation(kernel, 9, 40, seed=seed, quiet=True)
+    def case(*args, **kwargs):
+        visible.case_matmul_kernel_random(kernel, *args, quiet=True, **kwargs)
+    for (M, N, K), seed, dtypes in zip([(1, 1, 1), (33, 65, 17), (64, 32, 96)], SEEDS,
+                                       (DTYPES, DTYPES[::2], DTYPES[1:])):
+        for dtype in dtypes:
+            case(M, N, K, dtype, seed=seed)
+    # Every layout of A and of B, the output in each of its layouts, blocks of several
+    # shapes: a kernel that ignores one stride or mixes up two blocks fails.
+    blocks = [(32, 32, 32), (16, 32, 16), (32, 16, 32), (64, 32, 16), (16, 64, 64)]
+    for i, layouts in enumerate(LAYOUT_PAIRS):
+        case(30 + 4 * i, 50 - 2 * i, 20 + 7 * i, DTYPES[i % 2], seed=SEEDS[i % 3] + i,
+             layouts=layouts, out_layout=OUT_LAYOUTS[i % 3], blocks=blocks[i % len(blocks)])
+    case(100, 70, 40, F32, seed=SEEDS[0], out_layout="sliced")
+    case(16, 16, 2048, F16, seed=SEEDS[1])  # long fp16 reductions
+    case(9, 20, 1024, F16, seed=SEEDS[2], layouts=("sliced", "transposed"), out_layout="transposed",
+         blocks=(16, 32, 64))
+    case(41, 19, 300, F16, seed=SEEDS[0], kind="cancelling", out_layout="sliced", blocks=(16, 16, 64))
+    case(25, 33, 170, F32, seed=SEEDS[1], kind="cancelling", blocks=(32, 16, 16))
+    case(40, 33, 100, F32, seed=SEEDS[2], kind="large", layouts=("transposed", "sliced"),
+         out_layout="transposed")
 
 
 def test_matmul(matmul, kernel):
-    for (M, K, N), seed in zip([(1, 1, 1), (65, 17, 33), (100, 64, 7)], SEEDS):
+    def case(*args, **kwargs):
+        visible.case_matmul_random(matmul, kernel, *args, quiet=True, **kwargs)
+    for (M, N, K), seed in zip([(1, 1, 1), (65, 33, 17), (100, 7, 64)], SEEDS):
         for dtype in DTYPES:
-            a = randn(M, K, dtype=dtype, device=DEVICE, seed=seed)
-            b = randn(K, N, dtype=dtype, device=DEVICE, seed=seed + 1)
-            visible.case_matmul(matmul, kernel, a, b, quiet=True,
-                                name=f"matmul on {dtype_name(dtype)} [{M}, {K}] @ [{K}, {N}]")
-    a = randn(30, 50, device=DEVICE, seed=SEEDS[0])[:, ::2]  # every other column: strided rows
-    b = randn(37, 25, device=DEVICE, seed=SEEDS[1]).t()
-    visible.case_matmul(matmul, kernel, a, b, quiet=True, name="matmul on strided views")
+            case(M, N, K, dtype, seed=seed)
+    for i, layouts in enumerate(LAYOUT_PAIRS):
+        case(25 + 5 * i, 60 - 3 * i, 33 + 4 * i, DTYPES[i % 2], seed=SEEDS[i % 3] + i, layouts=layouts)
+    case(300, 70, 64, F32, seed=SEEDS[0], layouts=("sliced", "contiguous"))  # past any fixed cap
+    case(33, 290, 40, F16, seed=SEEDS[1])
+    case(24, 40, 2000, F16, seed=SEEDS[2], layouts=("contiguous", "transposed"))  # long fp16 K
+    case(70, 45, 200, F16, seed=SEEDS[0], kind="cancelling")
+    case(33, 65, 150, F32, seed=SEEDS[1], kind="cancelling", layouts=("transposed", "contiguous"))
+    case(65, 40, 80, F32, seed=SEEDS[2], kind="large", layouts=("strided", "transposed"))
     check_rejects(visible._bad_matmul_inputs(matmul) + [
         ("a 3-D b", lambda: matmul(torch.ones(4, 6, device=DEVICE), torch.ones(2, 6, 3, device=DEVICE))),
         ("float64 inputs", lambda: matmul(torch.ones(4, 6, device=DEVICE, dtype=torch.float64),
@@ -74,14 +109,23 @@ def test_matmul(matmul, kernel):
 
 
 def test_batched_gemm_strided(fn, kernel):
+    def case(*args, **kwargs):
+        visible.case_strided_random(fn, kernel, *args, quiet=True, **kwargs)
     cases = [  # (B, H, M, N, K, b_transposed, layout)
         (1, 1, 1, 1, 1, True, "bhmk"), (1, 2, 50, 70, 16, True, "bmhk"),
-        (2, 3, 33, 17, 40, False, "bmhk"), (3, 2, 40, 33, 24, False, "bhmk"),
-        (2, 2, 64, 64, 32, True, "bhmk"), (2, 1, 20, 45, 70, False, "bhmk"),
+        (3, 2, 40, 33, 24, False, "bhmk"), (2, 2, 64, 64, 32, True, "bhmk"),
     ]
-    for (B, H, M, N, K, b_transposed, layout), seed, dtype in zip(cases, SEEDS * 2, DTYPES * 3):
-        visible.case_strided_random(fn, kernel, B, H, M, N, K, dtype, b_transposed, seed=seed,
-                                    layout=layout, quiet=True)
+    for (B, H, M, N, K, b_transposed, layout), seed, dtype in zip(cases, SEEDS * 2, DTYPES * 2):
+        case(B, H, M, N, K, dtype, b_transposed, seed=seed, layout=layout)
+    for i, layout in enumerate(("bmhk", "transposed", "sliced", "strided", "shared")):
+        for b_transposed in (True, False):
+            case(1 + i % 2, 3 - i % 2, 21 + 7 * i, 45 - 4 * i, 18 + 5 * i,
+                 DTYPES[(i + b_transposed) % 2], b_transposed, seed=SEEDS[i % 3] + i, layout=layout)
+    case(1, 2, 160, 40, 32, F32, True, seed=SEEDS[0])  # past any fixed cap
+    case(1, 2, 17, 16, 1280, F16, False, seed=SEEDS[1], layout="sliced")  # long fp16 K
+    case(2, 2, 33, 40, 200, F16, True, seed=SEEDS[0], layout="bmhk", kind="cancelling")
+    case(1, 3, 45, 20, 170, F32, False, seed=SEEDS[1], layout="shared", kind="cancelling")
+    case(2, 2, 30, 17, 50, F32, True, seed=SEEDS[2], layout="transposed", kind="large")
     a = torch.ones(2, 3, 8, 16, device=DEVICE)
     check_rejects([
         ("a 3-D a", lambda: fn(a[0], a, True)),
@@ -94,17 +138,21 @@ def test_batched_gemm_strided(fn, kernel):
 
 
 def test_batched_gemm_ptrs(fn, kernel):
+    def case(*args, **kwargs):
+        visible.case_ptrs_random(fn, kernel, *args, quiet=True, **kwargs)
     mixed = [(37, 45, 20), (5, 9, 16), (70, 20, 33), (1, 1, 1), (64, 64, 64)]
-    for seed, dtype in zip(SEEDS, DTYPES * 2):
-        for b_transposed in (True, False):
-            shapes = mixed[seed % 3:] + mixed[:seed % 3]
-            visible.case_ptrs_random(fn, kernel, shapes, dtype, b_transposed, seed=seed, quiet=True)
-    visible.case_ptrs_random(fn, kernel, [(40, 33, 32)] * 4, torch.float32, False, seed=SEEDS[0], quiet=True)
-    # A transposed view in the list: the wrapper must not read it as row-major.
-    a_list, b_list = visible.ptrs_inputs([(20, 30, 40), (33, 10, 17)], torch.float32, True, seed=SEEDS[1])
-    a_list[0] = visible._guarded((40, 20), torch.float32, SEEDS[2]).t()
-    visible.case_ptrs(fn, kernel, a_list, b_list, True, quiet=True,
-                      name="batched_gemm_ptrs with a transposed view in a_list")
+    for seed, dtype, b_transposed in zip(SEEDS, DTYPES[1:] + DTYPES[:1], (False, True, False)):
+        case(mixed[seed % 3:] + mixed[:seed % 3], dtype, b_transposed, seed=seed)
+    # Views in the lists: the wrapper must hand the kernel contiguous matrices.
+    case([(20, 30, 40), (33, 10, 17), (8, 45, 29), (50, 21, 12), (3, 7, 5)], F16, False,
+         seed=SEEDS[1], layouts=LAYOUTS[1:] + LAYOUTS[:1])
+    visible.case_ptrs_one_tensor(fn, kernel, 3, 23, 30, 36, F16, False, seed=SEEDS[0], layout="bmhk",
+                                 quiet=True)
+    case([(16, 20, 1280), (5, 24, 1024)], F16, True, seed=SEEDS[1])  # long fp16 K
+    case([(33, 20, 200), (5, 40, 170)], F16, False, seed=SEEDS[2], kind="cancelling",
+         layouts=("contiguous", "sliced"))
+    case([(25, 20, 40), (40, 13, 64)], F32, False, seed=SEEDS[1], kind="large",
+         layouts=("transposed", "contiguous"))
     x = torch.ones(8, 16, device=DEVICE)
     check_rejects([
         ("lists of different lengths", lambda: fn([x, x], [x], True)),
@@ -116,8 +164,10 @@ def test_batched_gemm_ptrs(fn, kernel):
 
 
 def test_compare_dispatch(fn, tile):
-    for (B, H, M, N, K), dtype in zip([(1, 1, 1, 1, 1), (4, 8, 256, 256, 64), (3, 5, 97, 61, 33)],
-                                      (torch.float32, torch.float16, torch.float16)):
+    cases = [(1, 1, 1, 1, 1), (4, 8, 256, 256, 64), (3, 5, 97, 61, 33)]
+    if INTERPRET:  # only counted there; on a GPU every strategy also runs (and allocates)
+        cases += [(64, 32, 8192, 8192, 128), (7, 3, 1, 40961, 96)]
+    for (B, H, M, N, K), dtype in zip(cases, (F32, F16, F16, F16, F32)):
         visible.case_compare_dispatch(fn, B, H, M, N, K, dtype, tile)
     if not INTERPRET:
         rows = {r["strategy"]: r for r in fn(8, 16, 128, 128, 64, torch.float16)}

@@ -63,9 +63,17 @@ plt.show()
 
 # %% [markdown]
 # Write `tiled_matmul(a, b, tile)`: for each `tile x tile` block of `C`, add up the
-# products of the blocks of `A` and `B` along `K`, in an fp32 accumulator. Sizes need not
-# be multiples of the tile: slicing past the end of a tensor just gives a smaller block.
-# Use `@` on the small blocks only (the check watches the sizes you multiply).
+# products of the blocks of `A` and `B` along `K`, in an fp32 accumulator, and return `C`
+# in the inputs' dtype. Sizes need not be multiples of the tile: slicing past the end of a
+# tensor just gives a smaller block.
+#
+# - Use `@` on the small blocks only: no product (`@`, `torch.matmul`, `einsum`,
+#   `tensordot`, ...) may take a side longer than `tile`, so never a whole strip of rows or
+#   columns. The check watches the sizes you multiply.
+# - Convert each block to fp32 *before* multiplying it: in fp16 a product of blocks is
+#   rounded, and can overflow (fp16 stops at 65,504), before it reaches the accumulator.
+# - The tests use inputs that are views (transposed, or slices of longer rows), fp16 inputs
+#   with `K` in the thousands, and inputs whose products pass fp16's range.
 
 # %% nbgrader={"grade": false, "grade_id": "tiled_matmul", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: tiling.tiled_matmul
@@ -128,6 +136,19 @@ plt.show()
 #
 # Addresses come from strides: `A[m, k]` is at `a_ptr + m * stride_am + k * stride_ak`.
 # With strides, a transposed view needs no copy.
+#
+# The checks launch `matmul_kernel` themselves, and try what a caller may pass:
+#
+# - block sizes that differ from one another (`BLOCK_M`, `BLOCK_N`, `BLOCK_K`, each a
+#   power of two of at least 16): rows step by `BLOCK_M`, columns by `BLOCK_N`;
+# - inputs and outputs that are views: `A` or `B` transposed, or a column slice of longer
+#   rows; `C` transposed, or a column slice of a wider tensor whose padding between rows
+#   must stay untouched. So address all three matrices through their strides, never
+#   through their sizes;
+# - fp16 inputs with `K` in the thousands, and fp16 inputs of ±300 whose products
+#   (±90,000) pass fp16's largest value, 65,504; fp32 inputs far above and far below zero
+#   (around +1.5·10⁵ and −1.5·10⁵), past fp16's range. Only an fp32 accumulator holds them
+#   all.
 
 # %% nbgrader={"grade": false, "grade_id": "matmul_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: tiling.matmul_tile
@@ -143,7 +164,14 @@ checks.check_matmul_kernel(matmul_kernel)
 # The wrapper checks its inputs (`check_inputs` serves every wrapper below: clear errors
 # before any launch, since a kernel given a wrong shape reads and writes wherever the
 # numbers point), allocates `C` and launches one grid of `(cdiv(M, TILE), cdiv(N, TILE))`
-# programs.
+# programs with `BLOCK_M = BLOCK_N = TILE`: the check compares the grid with the blocks
+# of the launch before it runs. It takes inputs of any strides (the tests pass views) and
+# any sizes: no cap on the grid or the blocks, the tests go to hundreds of rows and
+# thousands of `K`.
+#
+# In this wrapper and every one below, the Triton kernel does the work: each launches its
+# kernel exactly once, and no PyTorch product (`@`, `torch.matmul`, `mm`, `bmm`, `einsum`,
+# `tensordot`, `F.linear`, ...) may appear in it or in a function it calls.
 
 # %% nbgrader={"grade": false, "grade_id": "matmul", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: tiling.check_inputs
@@ -178,7 +206,15 @@ checks.check_matmul(matmul, matmul_kernel)
 #   (Folding them into axis 1 would give more programs, which helps when `B H cdiv(M, TILE)`
 #   is too small to fill the GPU; for attention shapes it is large.)
 #
-# Offsets in int64: `batch * stride_b` passes 2³¹ elements on real sizes.
+# Offsets in int64: `batch * stride_b` passes 2³¹ elements on real sizes, so convert the
+# head and batch ids to int64 (`tl.program_id(2).to(tl.int64)`) before multiplying them by
+# a stride. A CPU cannot allocate that much to prove it by running, so the grader checks
+# that the kernel converts to `tl.int64`.
+#
+# The inputs may be any views: `[B, N, H, D]` projections viewed as `[B, H, N, D]`,
+# transposed matrices, slices of longer rows, or one `K` (or `V`) per batch entry shared
+# by all heads (head stride 0, as in multi-query attention). The tests try each, with
+# the same sizes and values as `matmul`'s.
 
 # %% nbgrader={"grade": false, "grade_id": "batched_gemm_strided", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: tiling.batched_gemm_strided_kernel
@@ -218,8 +254,10 @@ print("Q Kᵀ:", tuple(scores.shape), "max error",
 #
 # Shapes may differ per pair, so `(M, N, K)` goes into a table too. The grid is
 # `(pairs, cdiv(largest M, BLOCK_M))`; programs past a shorter pair's rows do nothing.
-# Each matrix is contiguous (the wrapper makes it so), so its strides follow from its
-# sizes.
+# The kernel takes every matrix as contiguous, so its strides follow from its sizes: the
+# wrapper makes it so with `.contiguous()`, since the lists may hold views (transposed,
+# slices of longer rows, the heads of one tensor). The tests try those, with the same
+# sizes and values as `matmul`'s.
 
 # %% nbgrader={"grade": false, "grade_id": "batched_gemm_ptrs", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: tiling.batched_gemm_ptrs_kernel
