@@ -129,3 +129,152 @@ def memory_hierarchy_figure():
     ax.set_title("GPU memory hierarchy (approximate H100 figures): small and fast at the top")
     fig.tight_layout()
     return fig
+
+
+def predicted_vs_measured(x, predicted: dict, measured: dict, *, title="", xlabel="", ylabel="",
+                          logx=True, logy=True, ax=None):
+    """A model against measurements: each entry of predicted {label: y} is a line over x;
+    each entry of measured {label: (xs, ys)} is a set of large markers, without a line."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 3.8))
+    for label, y in predicted.items():
+        ax.plot(_numpy(x), _numpy(y), label=label)
+    for label, (xs, ys) in measured.items():
+        ax.plot(_numpy(xs), _numpy(ys), linestyle="none", marker="X", markersize=10, label=label)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return ax
+
+
+def flash_tiles_figure(q_blocks=4, k_blocks=4, program=2, causal=False, ax_title=None):
+    """Which tiles of Q, K, V one FlashAttention program (query block `program`) loads,
+    and in which order: its Q tile once, then K tile j and V tile j at step j. S and P
+    exist one tile at a time; with causal (blocks as tall as they are wide), the tiles
+    after the diagonal are skipped and the diagonal tile is masked inside."""
+    import matplotlib.colors as mcolors
+    import numpy as np
+
+    steps = min(program + 1, k_blocks) if causal else k_blocks
+    q = np.zeros((q_blocks, 1))
+    kt = np.zeros((1, k_blocks))
+    v = np.zeros((k_blocks, 1))
+    s = np.zeros((q_blocks, k_blocks))
+    o = np.zeros((q_blocks, 1))
+    q[program] = o[program] = 1
+    kt[0, :steps] = v[:steps, 0] = 1
+    s[program, :steps] = 1
+    if causal:
+        s[program, program + 1:] = -1  # skipped
+    cmap = mcolors.ListedColormap(["#d9d9d9", "white", "#9ecae1"])
+    fig, axes = plt.subplots(1, 5, figsize=(13, 3.4),
+                             gridspec_kw={"width_ratios": [1.2, k_blocks, k_blocks, 1.2, 1.2]})
+    panels = [(q, "Q: its tile,\nloaded once"), (kt, "Kᵀ: tile j at step j"),
+              (s, "S = Q Kᵀ, P: one tile\nat a time, never stored"), (v, "V: tile j at step j"),
+              (o, "O: stored once,\nafter the last step")]
+    for ax, (grid, title) in zip(axes, panels):
+        ax.imshow(grid, cmap=cmap, vmin=-1.5, vmax=1.5, aspect="auto")
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(grid.shape[0]))
+        ax.set_xticks(np.arange(-0.5, grid.shape[1]), minor=True)
+        ax.set_yticks(np.arange(-0.5, grid.shape[0]), minor=True)
+        ax.grid(which="minor", color="gray", linewidth=0.8)
+        ax.tick_params(which="minor", length=0)
+        ax.set_title(title, fontsize=9)
+    for ax in (axes[0], axes[4]):
+        ax.set_xticks([])
+        ax.set_ylabel("query block")
+    axes[3].set_xticks([])
+    axes[3].set_ylabel("key block")
+    axes[1].set_yticks([])
+    axes[1].set_xlabel("key block")
+    axes[2].set_xlabel("key block")
+    axes[2].set_ylabel("query block")
+    for j in range(steps):
+        axes[1].text(j, 0, f"step {j}", ha="center", va="center", fontsize=8)
+        axes[3].text(0, j, f"{j}", ha="center", va="center", fontsize=8)
+        axes[2].text(j, program, "masked" if causal and j == program else f"{j}",
+                     ha="center", va="center", fontsize=8)
+    if causal:
+        for j in range(program + 1, k_blocks):
+            axes[2].text(j, program, "skipped", ha="center", va="center", fontsize=7, color="dimgray")
+    axes[0].text(0, program, "q", ha="center", va="center")
+    axes[4].text(0, program, "acc / l", ha="center", va="center", fontsize=8)
+    fig.suptitle(ax_title or f"program {program} of one (batch, head)"
+                 + (", causal" if causal else "") + f": {steps} steps", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def online_row_figure(history, final, dims=3):
+    """One query row through FlashAttention's loop: `history` holds (m, l, acc) after each
+    key block (of a single row: B = H = Nq = 1), `final` the row of softmax(s) V. Plots the
+    running max, the running sum and the first `dims` entries of acc / l against the final
+    output (dashed)."""
+    ms = [float(m.flatten()[0]) for m, _, _ in history]
+    ls = [float(l.flatten()[0]) for _, l, _ in history]
+    outs = torch.stack([(acc.flatten(0, -2)[0] / l.flatten()[0]).double() for _, l, acc in history])
+    steps = list(range(1, len(history) + 1))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.4))
+    lines(steps, {"m (running max)": ms}, title="running max after each key block",
+          xlabel="key blocks seen", ax=axes[0])
+    lines(steps, {"l (running sum)": ls}, title="running sum after each key block",
+          xlabel="key blocks seen", ax=axes[1])
+    final = _numpy(final.flatten())
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for d in range(min(dims, outs.shape[1])):
+        color = palette[d % len(palette)]
+        axes[2].plot(steps, _numpy(outs[:, d]), marker="o", color=color, label=f"(acc / l)[{d}]")
+        axes[2].axhline(float(final[d]), color=color, linestyle="--", alpha=0.7)
+    axes[2].set(title="output so far (dashed: final O)", xlabel="key blocks seen")
+    axes[2].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[2].grid(alpha=0.3)
+    axes[2].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def tflops_figure(seq_lens, tflops: dict, *, title="", ax=None):
+    """TFLOPS of each implementation ({name: [TFLOPS per length]}) against the sequence
+    length; the name "teaching" (or a name containing "yours") is drawn thicker."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    for name, values in tflops.items():
+        mine = name == "teaching" or "yours" in name
+        ax.plot(list(seq_lens), [float(v) for v in values], marker="o", label=name,
+                linewidth=3 if mine else 1.5, zorder=3 if mine else 2)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(seq_lens), [str(n) for n in seq_lens])
+    ax.set(title=title, xlabel="sequence length N", ylabel="TFLOPS")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def masks(masks: dict, *, size_per_cell=0.5):
+    """Boolean masks side by side, each entry of {title: [n_q, n_k] bool tensor} drawn with
+    queries down and keys across: True (hidden) black, False (visible) white, one tick per
+    query and key, a thin line around every cell."""
+    widths = [max(m.shape[1], 4) for m in masks.values()]  # room for the title
+    height = max(m.shape[0] for m in masks.values())
+    fig, axes = plt.subplots(1, len(masks), squeeze=False, gridspec_kw={"width_ratios": widths},
+                             figsize=(size_per_cell * (sum(widths) + 2 * len(masks)),
+                                      size_per_cell * height + 1.2))
+    for ax, (title, m) in zip(axes[0], masks.items()):
+        data = _numpy(m)
+        ax.imshow(data, cmap="Greys", vmin=0, vmax=1)
+        rows, cols = data.shape
+        ax.set_xticks(range(cols))
+        ax.set_yticks(range(rows))
+        ax.set_xticks([c - 0.5 for c in range(1, cols)], minor=True)
+        ax.set_yticks([r - 0.5 for r in range(1, rows)], minor=True)
+        ax.grid(which="minor", color="gray", linewidth=0.5)
+        ax.tick_params(which="minor", length=0)
+        ax.set_title(title, fontsize=10)
+        ax.set(xlabel="key j", ylabel="query i")
+    fig.tight_layout()
+    return fig

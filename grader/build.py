@@ -51,7 +51,8 @@ def _given_code(topic: str, name: str) -> str:
         targets = (node.targets if isinstance(node, ast.Assign)
                    else [node.target] if isinstance(node, ast.AnnAssign) else [])
         is_function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
-        if is_function or any(isinstance(t, ast.Name) and t.id == name for t in targets):
+        if is_function or any(isinstance(n, ast.Name) and n.id == name  # a, b = ... too
+                              for t in targets for n in ast.walk(t)):
             start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno]) - 1
             while start > 0 and lines[start - 1].lstrip().startswith("#"):
                 start -= 1
