@@ -104,11 +104,24 @@ class Worker:
                     "TRITON_DEFAULT_FP_FUSION", "LD_LIBRARY_PATH"):  # CUDA's libraries
             if key in os.environ:
                 env[key] = os.environ[key]
+        import course  # the worker imports it from where this process does (an editable
+        env["PYTHONPATH"] = str(pathlib.Path(course.__file__).resolve().parent.parent)  # install or not)
         command = sandbox.command([sys.executable, "worker.py"], self.scratch)
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, cwd=self.scratch, env=env,
                                      start_new_session=True)
         self.reader = _DeadlineReader(self.proc.stdout.fileno())
+        self.reader.deadline = time.monotonic() + 300
+        try:  # the worker says it is ready once Python, torch and course are imported
+            ready = wire.read(self.reader)
+        except (TimeoutError, EOFError, wire.WireError) as error:
+            self._kill()
+            raise RuntimeError(f"the grading worker could not start ({type(error).__name__}); "
+                               "try: python -m grader autograde ... with GRADER_SANDBOX=none to "
+                               "see whether the sandbox is the cause") from None
+        if ready.get("op") != "ready":
+            self._kill()
+            raise RuntimeError("the grading worker started wrongly")
         replay, self.ran_ok = self.ran_ok, []
         for index, source in replay:
             self.run_cell(index, source)

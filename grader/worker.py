@@ -232,7 +232,9 @@ def main():
     sys.stdin = open(os.devnull)
     sys.stdout = sys.stderr = open(2, "w", closefd=False)
     try:
-        Worker(inbox, outbox).serve()
+        worker = Worker(inbox, outbox)
+        worker.send(op="ready")
+        worker.serve()
     except EOFError:
         pass
 
