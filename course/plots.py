@@ -36,8 +36,13 @@ def lines(x, series: dict, *, title="", xlabel="", ylabel="", logx=False, logy=F
         _, ax = plt.subplots(figsize=(6, 3.5))
     for label, y in series.items():
         ax.plot(_numpy(x), _numpy(y), marker=marker, label=label)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return _finish(ax, title, xlabel, ylabel, logx, logy)
+
+
+def _finish(ax, title, xlabel, ylabel, logx, logy):
+    """Titles, log axes (x in powers of two), grid and legend of a line plot."""
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
@@ -141,14 +146,7 @@ def predicted_vs_measured(x, predicted: dict, measured: dict, *, title="", xlabe
         ax.plot(_numpy(x), _numpy(y), label=label)
     for label, (xs, ys) in measured.items():
         ax.plot(_numpy(xs), _numpy(ys), linestyle="none", marker="X", markersize=10, label=label)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    if logx:
-        ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return ax
+    return _finish(ax, title, xlabel, ylabel, logx, logy)
 
 
 def flash_tiles_figure(q_blocks=4, k_blocks=4, program=2, causal=False, ax_title=None):

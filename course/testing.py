@@ -32,6 +32,17 @@ def fail(message: str):
     raise CheckFailed(message)
 
 
+@contextlib.contextmanager
+def hinted(hint):
+    """A check failing inside the block fails with the hint added to its message."""
+    try:
+        yield
+    except CheckFailed as failure:
+        if not hint:
+            raise
+        fail(f"{failure}\n  hint: {hint}")
+
+
 def tolerance(dtype: torch.dtype, device="cpu"):
     """(atol, rtol) for results of this dtype computed on this device."""
     kind = torch.device(device).type

@@ -14,9 +14,9 @@ import triton
 
 from course import DEVICE, INTERPRET
 from course.gpu_compile import compile_for_gpu
-from course.testing import (CheckFailed, assert_close, assert_not_trivial, check_choice,  # noqa: F401
+from course.testing import (assert_close, assert_not_trivial, check_choice,  # noqa: F401
                             check_rejects, dtype_name, explain_nan_from_guards, fail,
-                            guarded_input, guarded_output, randn, tolerance, watched_call)
+                            guarded_input, guarded_output, randn, tolerance, watched_call, hinted)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -468,17 +468,6 @@ def output_in_layout(shape, dtype, layout, *, name):
             yield out
 
 
-@contextlib.contextmanager
-def _hinted(hint):
-    """A check failing inside the block fails with the hint added to its message."""
-    try:
-        yield
-    except CheckFailed as failure:
-        if not hint:
-            raise
-        fail(f"{failure}\n  hint: {hint}")
-
-
 def block_d(D):
     return max(16, triton.next_power_of_2(D))
 
@@ -502,7 +491,7 @@ def case_kernel(kernel, q, k, v, *, causal=False, sm_scale=None, blocks=(32, 32)
         "O + b * stride_ob + h * stride_oh + n * stride_on + d * stride_od",
         D != block_d(D) and f"D = {D} is not a power of two: BLOCK_D = {block_d(D)}, and the "
         "lanes past HEAD_DIM must be masked on every load and store")
-    with _hinted(hint), \
+    with hinted(hint), \
             output_in_layout((B, H, Nq, D), q.dtype, out_layout, name=f"O of {name}") as out, \
             guarded_output((B, H, Nq), torch.float32, DEVICE, name=f"LSE of {name}",
                            margin=MARGIN) as lse:

@@ -8,10 +8,10 @@ import triton
 
 from course import DEVICE, INTERPRET
 from course.gpu_compile import compile_for_gpu
-from course.testing import (CheckFailed, assert_close, assert_not_trivial,
+from course.testing import (assert_close, assert_not_trivial,
                             check_rejects, dtype_name, explain_nan_from_guards, fail,
                             guarded_input, guarded_output, randn, run_wrapper, tolerance,
-                            watched_call)
+                            watched_call, hinted)
 
 BLOCK = 32          # block sizes the checks launch a learner's matmul_kernel with
 ROW_COL = ("row", "col")
@@ -250,23 +250,12 @@ def _hints(*hints):
     return " ".join(h for h in hints if h) or None
 
 
-@contextlib.contextmanager
-def _hinted(hint):
-    """A check failing inside the block fails with the hint added to its message."""
-    try:
-        yield
-    except CheckFailed as failure:
-        if not hint:
-            raise
-        fail(f"{failure}\n  hint: {hint}")
-
-
 def _explain_nan(out, *, name, kind, hint=None):
     """NaN in an output means a load read past a guarded input, except with cancelling
     inputs, where an fp16 accumulator makes NaN of its own (inf - inf): assert_close then
     explains it with the kind's hint."""
     if kind != "cancelling" and isinstance(out, torch.Tensor):
-        with _hinted(hint):
+        with hinted(hint):
             explain_nan_from_guards(out, name=name)
 
 
@@ -295,7 +284,7 @@ def case_matmul_kernel(kernel, a, b, *, name, kind="random", out_layout="contigu
         "n * stride_cn, with the strides you are given")
     views_hint = _views_hint({"a": a, "b": b}, "A[m, k] is at a_ptr + m * stride_am + "
                              "k * stride_ak and B[k, n] at b_ptr + k * stride_bk + n * stride_bn")
-    with _hinted(_hints(layout_hint, blocks_hint)):
+    with hinted(_hints(layout_hint, blocks_hint)):
         with output_in_layout((M, N), a.dtype, out_layout, name=f"the output of {name}") as out:
             kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
                 a, b, out, M, N, K, *a.stride(), *b.stride(), *out.stride(),
