@@ -267,6 +267,20 @@ def hidden_lines(lesson=LESSON):
     return [l.strip() for l in text.splitlines() if len(l.strip()) > 30 and not l.strip().startswith("#")]
 
 
+def _left_behind(course_dir):
+    """Processes of this grading run still alive (by the run id in their environment)."""
+    from grader.remote import run_id
+    marker = f"GRADER_RUN={run_id(course_dir.resolve())}".encode()
+    alive = []
+    for proc in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                alive.append(proc.name)
+        except OSError:
+            continue
+    return alive
+
+
 def run(work: pathlib.Path) -> dict:
     """Grade the corpus through the CLI (autograde, feedback, export); return the facts."""
     from grader import sandbox
@@ -284,7 +298,7 @@ def run(work: pathlib.Path) -> dict:
     feedback = _cli("feedback", LESSON, course_dir=course_dir)
     export = _cli("export", "--to", str(work / "grades.csv"), course_dir=course_dir)
     results = json.loads((work / "results.json").read_text()) if (work / "results.json").exists() else {}
-    strays = subprocess.run(["ps", "-u", "65534", "-o", "pid="], capture_output=True, text=True).stdout.split()
+    strays = _left_behind(course_dir)
     return dict(expect=expect, results=results, graded=graded, feedback_run=feedback, export=export,
                 victims_before=victims_before, folder=folder, course_dir=course_dir,
                 victims_after={s: _hashes(folder / s) for s in victims_before},
