@@ -1,7 +1,7 @@
 """Compile a learner's kernel for a CUDA GPU, on a machine without one.
 
 The interpreter accepts things a real GPU compiler rejects (tl.dot with K < 16, `break`,
-`if` on a block tensor: NOTES.md). Compiling to PTX needs no GPU, but it cannot happen in
+`if` on a block tensor: ARCHITECTURE.md, "Facts about the tools"). Compiling to PTX needs no GPU, but it cannot happen in
 a process whose triton runs in interpreter mode, so the kernel's source (and the sources
 of the @triton.jit helpers and constants it uses) is compiled in a fresh subprocess.
 """

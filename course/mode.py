@@ -1,6 +1,6 @@
 """Execution mode: CUDA GPU or Triton's interpreter on the CPU.
 
-The interpreter must be chosen before `import triton` (NOTES.md: set afterwards, kernels
+The interpreter must be chosen before `import triton` (ARCHITECTURE.md, "Facts about the tools": set afterwards, kernels
 using tl.max/tl.sum fail and launches find "0 active drivers"), so this module runs
 first, from `import course`.
 Override with COURSE_MODE=gpu or COURSE_MODE=interpret.

@@ -174,7 +174,7 @@ def randn(*shape, dtype=torch.float32, device="cpu", seed=None):
 
 
 # ---------------------------------------------------------------------------------------
-# Guard buffers: the interpreter does no bounds checking (NOTES.md), so inputs are placed
+# Guard buffers: the interpreter does no bounds checking (ARCHITECTURE.md, "Facts about the tools"), so inputs are placed
 # between NaN margins (a load past the end reads NaN, which shows in the output) and
 # outputs between sentinel margins (a store past the end changes them). With `gaps`, the
 # tensor is a window of a wider block (rows longer than the tensor's, say), so its strides

@@ -18,7 +18,7 @@ class ShortTracebacks(NbGraderPreprocessor):
 
     A test cell's error is the grader's one-line verdict already; a notebook cell's
     traceback is cut to the same shape, so feedback reads alike everywhere. (A custom preprocessor must
-    subclass NbGraderPreprocessor, or nbgrader silently skips it: NOTES.md.)
+    subclass NbGraderPreprocessor, or nbgrader silently skips it: ARCHITECTURE.md.)
     """
 
     def preprocess_cell(self, cell, resources, index):

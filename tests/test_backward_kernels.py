@@ -233,7 +233,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 # ---------------------------------------------------------------------------------------
-# bf16: the interpreter computes it wrongly (NOTES.md), so only on a GPU.
+# bf16: the interpreter computes it wrongly (ARCHITECTURE.md, "Facts about the tools"), so only on a GPU.
 
 @pytest.mark.skipif(not ON_GPU, reason="bf16 is only checked on a GPU")
 @pytest.mark.parametrize("fused", [False, True], ids=["dq-kernel", "fused-atomic"])
