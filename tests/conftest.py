@@ -2,6 +2,19 @@
 before anything imports triton."""
 import os
 
+import pytest
+
 os.environ.setdefault("MPLBACKEND", "Agg")  # lesson plot cells run in-process: no windows
 
 import course  # noqa: F401
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """One lesson's nbgrader run (tests/test_grading.py's `graded`, cached per process)
+    stays on one xdist worker: a group mark on a fixture's param does not reach the tests,
+    so it is added here, before xdist reads the groups."""
+    for item in items:
+        lesson = getattr(getattr(item, "callspec", None), "params", {}).get("graded")
+        if lesson is not None:
+            item.add_marker(pytest.mark.xdist_group(lesson))

@@ -50,9 +50,8 @@ def _run(lesson, work):
         paths.COURSE = saved
 
 
-# Each lesson's run stays on one xdist worker (its submissions are graded once).
-@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.xdist_group(name))
-                        for name in LESSONS if name != corpus.LESSON])
+# Each lesson's run stays on one xdist worker (tests/conftest.py groups them by lesson).
+@pytest.fixture(params=[name for name in LESSONS if name != corpus.LESSON])
 def graded(request, grade):
     return grade(request.param)
 
