@@ -6,6 +6,9 @@ Two directives bring code from solutions/topic.py into a cell, so it exists once
 `# given: topic.NAME` (a value or function the lesson hands the learner, pasted as it is).
 """
 import ast
+import contextlib
+import importlib
+import io
 import json
 import re
 
@@ -16,6 +19,7 @@ from grader import paths
 
 _DIRECTIVE = re.compile(r"^(\s*)# (solution|given): (\w+)\.(\w+)\s*$")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+WHY = "**Why.**"  # a markdown cell starting so, right after a test cell, is sealed (course/quiz.py)
 
 
 def _solution_code(topic: str, name: str) -> str:
@@ -76,9 +80,60 @@ def _fill(cell_source: str, solution: bool) -> str:
     return "\n".join(out)
 
 
+def _lesson_cells(name: str):
+    return jupytext.read(paths.lesson_path(name), fmt="py:percent")
+
+
+def _explanation_cells(nb):
+    """(test cell, explanation) pairs: the "**Why.**" markdown cells after test cells."""
+    for before, cell in zip(nb.cells, nb.cells[1:]):
+        if (cell.cell_type == "markdown" and cell.source.startswith(WHY)
+                and before.metadata.get("nbgrader", {}).get("grade")):
+            yield before, cell
+
+
+def explanations(names=None) -> dict:
+    """Every lesson's sealed explanations, for course/explanations.json.
+
+    Each test cell followed by an explanation is run on the answer key (its line, with the
+    names of solutions/topic.py) while course.quiz records the canonical answer it judges;
+    the explanation is then sealed with that answer.
+    """
+    from course import quiz
+    sealed = {}
+    for name in names or paths.lesson_names():
+        topic = paths.topic_of(name)
+        for test, why in _explanation_cells(_lesson_cells(name)):
+            namespace = dict(vars(importlib.import_module(f"solutions.{topic}")),
+                             checks=importlib.import_module(f"course.checks.{topic}"))
+            quiz._recording = recorded = {}
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # the checks' ok lines
+                    exec(test.source, namespace)
+            finally:
+                quiz._recording = None
+            if len(recorded) != 1:
+                raise ValueError(f"{name}: the check before an explanation must judge one "
+                                 f"answer with course.quiz.judge; it judged {sorted(recorded)}")
+            (question, canon), = recorded.items()
+            if question in sealed:
+                raise ValueError(f"{name}: question name {question!r} is used twice")
+            sealed[question] = quiz.seal(question, canon, why.source)
+    return dict(sorted(sealed.items()))
+
+
+def write_explanations():
+    from course import quiz
+    quiz.SEALED.write_text(json.dumps(explanations(), indent=1) + "\n")
+    return quiz.SEALED
+
+
 def source_notebook(name: str) -> nbformat.NotebookNode:
-    """The instructor's notebook: lesson cells with solutions filled in from solutions/."""
-    nb = jupytext.read(paths.lesson_path(name), fmt="py:percent")
+    """The instructor's notebook: lesson cells with solutions filled in from solutions/;
+    explanations sealed by the quiz leave it (the check shows them to a right answer)."""
+    nb = _lesson_cells(name)
+    sealed = [id(cell) for _, cell in _explanation_cells(nb)]
+    nb.cells = [cell for cell in nb.cells if id(cell) not in sealed]
     for index, cell in enumerate(nb.cells):
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code":
@@ -133,4 +188,6 @@ def build(names=None, modules_dir=None):
         target = modules_dir / name / f"{name}.ipynb"
         write_notebook(release(name, api), target)
         print(f"built {target}")
+    if modules_dir == paths.MODULES:
+        print(f"wrote {write_explanations()}")
     return names

@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+from course import quiz
 from course.checks import foundations as checks
 from course.testing import CheckFailed
 from grader.build import source_notebook
@@ -91,21 +92,34 @@ def test_points_match_the_question_headers():
     assert total == 14
 
 
-def test_visible_checks_accept_any_well_formed_answer():
-    """They check the form only: a wrong answer of the right form passes them."""
+WELL_FORMED_WRONG = [
+    lambda: checks.check_choice("a", "q05_sram_vs_dram"),
+    lambda: checks.check_q01_l2_norm(25),
+    lambda: checks.check_q02_dot(torch.tensor(28.0)),
+    lambda: checks.check_q03_matmul(torch.zeros(2, 2)),
+    lambda: checks.check_q04_softmax(torch.full((3,), 1 / 3), torch.full((2, 3), 0.5),
+                                     torch.full((2, 3), 0.5), 0),
+    lambda: checks.check_q08_causal(torch.full((4, 4), -math.inf).tril(-1), torch.full((4, 4), 0.25)),
+    lambda: checks.check_q09_masked_softmax(lambda s, m: torch.softmax(s, dim=-1)),
+    lambda: checks.check_q10_fusion(1.0),
+]
+
+
+def test_form_checks_accept_any_well_formed_answer(monkeypatch):
+    """Without sealed answers the checks look at the form only."""
+    monkeypatch.setattr(quiz, "SEALED", quiz.SEALED.with_name("no-such-file.json"))
     with contextlib.redirect_stdout(io.StringIO()):
         for letter in "abcdB ":
             if letter.strip():
                 checks.check_choice(letter, "q")
-        checks.check_q01_l2_norm(25)
-        checks.check_q02_dot(torch.tensor(28.0))
-        checks.check_q03_matmul(torch.zeros(2, 2))
-        uniform = torch.full((2, 3), 0.5)
-        checks.check_q04_softmax(torch.full((3,), 1 / 3), uniform, uniform, 0)
-        checks.check_q08_causal(torch.full((4, 4), -math.inf).tril(-1),
-                                torch.full((4, 4), 0.25))
-        checks.check_q09_masked_softmax(lambda s, m: torch.softmax(s, dim=-1))
-        checks.check_q10_fusion(1.0)
+        for call in WELL_FORMED_WRONG:
+            call()
+
+
+@pytest.mark.parametrize("call", WELL_FORMED_WRONG)
+def test_well_formed_wrong_answers_are_not_right_yet(call):
+    with pytest.raises(CheckFailed, match="not right yet"):
+        call()
 
 
 @pytest.mark.parametrize("call, says", [

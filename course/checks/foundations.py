@@ -1,16 +1,16 @@
 """Visible checks of module 00 (the foundations quiz).
 
 They check the FORM of an answer (a letter, a number, a tensor of the right shape) so
-that a typo is caught at once; whether the answer is right is decided by the hidden
-tests when the notebook is graded. They never reveal the answer.
+that a typo is caught at once, then say right or not yet by comparing with a sealed
+answer (course/quiz.py), and show the question's explanation once the answer is right.
+They never reveal the answer; the grade comes from the hidden tests.
 """
 import math
 
 import torch
 
+from course.quiz import judge
 from course.testing import check_choice, fail  # noqa: F401  (check_choice: used by the lesson)
-
-
 
 def _number(value, name):
     """A real number from an int, a float or a one-element tensor; fails otherwise."""
@@ -48,18 +48,18 @@ def _sums_to_one(t, dim, name, what):
 
 
 def check_q01_l2_norm(value):
-    _number(value, "q01_l2_norm")
-    print("ok  q01_l2_norm: a number")
+    if not judge("q01_l2_norm", _number(value, "q01_l2_norm")):
+        print("ok  q01_l2_norm: a number")
 
 
 def check_q02_dot(value):
-    _number(value, "q02_dot")
-    print("ok  q02_dot: a number")
+    if not judge("q02_dot", _number(value, "q02_dot")):
+        print("ok  q02_dot: a number")
 
 
 def check_q03_matmul(value):
-    _tensor(value, "q03_matmul", (2, 2))
-    print("ok  q03_matmul: a 2x2 float tensor")
+    if not judge("q03_matmul", _tensor(value, "q03_matmul", (2, 2))):
+        print("ok  q03_matmul: a 2x2 float tensor")
 
 
 def check_q04_softmax(softmax_123, softmax_dim0, softmax_dim1, attention_dim):
@@ -75,7 +75,8 @@ def check_q04_softmax(softmax_123, softmax_dim0, softmax_dim1, attention_dim):
     if attention_dim not in (0, 1, -1, -2):
         fail(f"q04_attention_dim is {attention_dim}: a 2-D tensor has dims 0 and 1 "
              "(or -2 and -1 counted from the end)")
-    print("ok  q04: three softmax tensors of the right shapes and a dimension index")
+    if not judge("q04_softmax", (softmax_123, softmax_dim0, softmax_dim1, attention_dim % 2)):
+        print("ok  q04: three softmax tensors of the right shapes and a dimension index")
 
 
 def check_q08_causal(mask, weights):
@@ -90,7 +91,8 @@ def check_q08_causal(mask, weights):
                  "may every query see?")
     _sums_to_one(_tensor(weights, "q08_causal_weights", (4, 4)), -1, "q08_causal_weights",
                  "the rows (one per query)")
-    print("ok  q08: an additive 4x4 mask of 0 / -inf, and 4x4 weights whose rows sum to 1")
+    if not judge("q08_causal", (mask, weights)):
+        print("ok  q08: an additive 4x4 mask of 0 / -inf, and 4x4 weights whose rows sum to 1")
 
 
 def _q09_form(fn, scores, mask, what):
@@ -106,25 +108,28 @@ def _q09_form(fn, scores, mask, what):
     if out is None:
         fail("q09_masked_softmax returned None: did you forget a `return`?")
     _sums_to_one(_tensor(out, name, tuple(scores.shape)), -1, name, "the rows")
+    return out
 
 
 def check_q09_masked_softmax(fn):
     scores = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [3.0, 0.0, -2.0, 1.0]])
     mask = torch.tensor([[0, 1, 0, 0], [1, 1, 0, 0], [0, 0, 0, 1]])
-    _q09_form(fn, scores, mask, "small scores")
+    small = _q09_form(fn, scores, mask, "small scores")
     # Scores far below zero in a slice of longer rows, far above zero as a transposed view,
     # with a uint8 mask: any finite scores, any layout and any 0/1 integer mask must work.
     extreme = torch.tensor([[1e4, 1e4 + 3.0, 1e4 - 2.0, 0.0], [2e30, 1e30, 1.5e30, 0.0]])
     extreme_mask = torch.tensor([[1, 0, 0], [0, 1, 0]], dtype=torch.uint8)
-    _q09_form(fn, (-extreme)[:, :3], extreme_mask, "very negative scores (a slice of longer rows)")
-    _q09_form(fn, extreme[:, :3].t().contiguous().t(), extreme_mask.t().contiguous().t(),
-              "very large scores (a transposed view)")
-    print("ok  q09_masked_softmax: runs, weights of the scores' shape whose rows sum to 1, "
-          "for small and for very large or very negative scores")
+    negative = _q09_form(fn, (-extreme)[:, :3], extreme_mask, "very negative scores (a slice of longer rows)")
+    large = _q09_form(fn, extreme[:, :3].t().contiguous().t(), extreme_mask.t().contiguous().t(),
+                      "very large scores (a transposed view)")
+    if not judge("q09_masked_softmax", (small, negative, large)):
+        print("ok  q09_masked_softmax: runs, weights of the scores' shape whose rows sum to 1, "
+              "for small and for very large or very negative scores")
 
 
 def check_q10_fusion(value):
     value = _number(value, "q10_fusion_bytes_saved")
     if value <= 0:
         fail("q10_fusion_bytes_saved should be a positive number of bytes")
-    print("ok  q10_fusion_bytes_saved: a positive number (of bytes)")
+    if not judge("q10_fusion_bytes_saved", value):
+        print("ok  q10_fusion_bytes_saved: a positive number (of bytes)")

@@ -15,10 +15,11 @@
 #
 # How to answer: each question names a variable (or a function). Replace
 # `raise NotImplementedError()` in the cell below the question by your answer, for example
-# `q05_sram_vs_dram = "a"`, then run the check cell after it. The check only looks at the
-# **form** of your answer (one letter, a number, a tensor of the right shape); whether it
-# is **right** is decided by hidden tests when your notebook is graded. After each check,
-# a short explanation tells you why the answer is what it is: answer first, then read it.
+# `q05_sram_vs_dram = "a"`, then run the check cell after it. The check first looks at the
+# **form** of your answer (one letter, a number, a tensor of the right shape), then says at
+# once whether it is **right**; once it is, the explanation of the question appears under
+# the check. Answer first, then read why. Your grade comes from hidden tests when your
+# notebook is graded (they also say which classic slip a wrong answer looks like).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import course  # first: picks the GPU, or Triton's interpreter on a CPU, before triton loads
@@ -261,15 +262,6 @@ checks.check_choice(q07_tiling, name="q07_tiling")
 checks.check_q08_causal(q08_causal_mask, q08_causal_weights)
 
 # %% [markdown]
-# Your mask and your weights as pictures (white = `-inf`). Does row 0 look at one key only,
-# and row 3 at all four?
-
-# %% nbgrader={"grade": false, "grade_id": "plot_causal", "locked": true, "schema_version": 3, "solution": false, "task": false}
-plots.heatmaps({"your mask (white = -inf)": q08_causal_mask, "your weights": q08_causal_weights},
-               annotate=True)
-plt.show()
-
-# %% [markdown]
 # **Why.** Key j comes after query i exactly when j > i: those entries lie on one side of
 # the diagonal, and only they are `-inf`. The diagonal itself stays 0: a token sees itself
 # (blocking it leaves row 0 with nothing to attend to, and its softmax is 0/0 = NaN).
@@ -277,6 +269,15 @@ plt.show()
 # first token gives all its weight to itself and the last one spreads it over all four.
 # Module 05's kernel skips the blocked half of a causal attention matrix entirely: about half
 # the work.
+
+# %% [markdown]
+# Your mask and your weights as pictures (white = `-inf`). Does row 0 look at one key only,
+# and row 3 at all four?
+
+# %% nbgrader={"grade": false, "grade_id": "plot_causal", "locked": true, "schema_version": 3, "solution": false, "task": false}
+plots.heatmaps({"your mask (white = -inf)": q08_causal_mask, "your weights": q08_causal_weights},
+               annotate=True)
+plt.show()
 
 # %% [markdown]
 # ### Q9 (2 points). Applying a 0/1 mask with `masked_fill`
