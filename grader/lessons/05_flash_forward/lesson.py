@@ -164,7 +164,7 @@ checks.check_choice(batch_heads_answer, name="batch_heads_answer")
 checks.check_choice(grid_limit_answer, name="grid_limit_answer")
 
 # %% [markdown]
-# No layout is free of limits. Layout A gives up the other case: with `B * H` above 65,535
+# **Why.** No layout is free of limits. Layout A gives up the other case: with `B * H` above 65,535
 # (4,096 sequences of 32 heads) its axis 1 is too long, while B, with each on its own
 # axis, still launches. Sequences grow faster than batch x heads in practice, which is why
 # FlashAttention's kernels put the query blocks on axis 0; a kernel that must handle both
