@@ -51,6 +51,27 @@ def online_softmax(x, block_size, history=None):
     return (torch.exp(x32 - m) / l).to(x.dtype)
 
 
+# A worked example: a whole kernel to read before writing softmax_kernel.
+@triton.jit
+def center_rows_kernel(out_ptr, in_ptr, n_cols, BLOCK_SIZE: tl.constexpr):
+    """Program r subtracts the mean of row r from each of its entries (rows contiguous)."""
+    row = tl.program_id(0)                 # which program am I? one per row
+    lanes = tl.arange(0, BLOCK_SIZE)       # 0, 1, ..., BLOCK_SIZE - 1: one lane per column
+    in_bounds = lanes < n_cols             # lanes past the row's end do not exist
+    # Masked lanes are not read; they get `other`: 0 adds nothing to a sum.
+    x = tl.load(in_ptr + row * n_cols + lanes, mask=in_bounds, other=0.0)
+    mean = tl.sum(x, axis=0) / n_cols      # a whole block reduced to one number
+    tl.store(out_ptr + row * n_cols + lanes, x - mean, mask=in_bounds)
+
+
+def center_rows(x, block_size=None):
+    """Launch one program per row of a contiguous 2-D tensor."""
+    centered = torch.empty_like(x)
+    block_size = block_size or triton.next_power_of_2(x.shape[1])
+    center_rows_kernel[(x.shape[0],)](centered, x, x.shape[1], BLOCK_SIZE=block_size)
+    return centered
+
+
 @triton.jit
 def softmax_kernel(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols,
                    BLOCK_SIZE: tl.constexpr):

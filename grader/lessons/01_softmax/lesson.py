@@ -17,7 +17,8 @@
 # 1. `softmax_naive`: the formula, and see it break;
 # 2. `softmax_stable`: the version every library uses;
 # 3. `online_softmax`: one pass over blocks with a running max and sum (and find a bug);
-# 4. `softmax_kernel` + `softmax`: a Triton kernel, one program per row.
+# 4. `softmax_kernel` + `softmax`: a Triton kernel, one program per row, after a worked
+#    first kernel and how to debug one.
 #
 # Run the cells in order. Each exercise is followed by a check: it prints `ok` lines when
 # your code is right and says what is wrong when it is not. When you submit, hidden tests
@@ -187,11 +188,82 @@ plots.lines(blocks, {"running sum l": [h[1] for h in history]}, title="l after e
 plt.show()
 
 # %% [markdown]
-# ## 4. A Triton kernel: one program per row
+# ## 4. A first Triton kernel, worked
 #
 # A Triton kernel is a Python function compiled for the GPU (or, here on a CPU, run by
-# Triton's interpreter). It is launched on a **grid** of programs; each program learns
-# which one it is from `tl.program_id(0)` and works on a **block** of elements at once.
+# Triton's interpreter). It is launched on a **grid** of programs: `kernel[(n_rows,)](...)`
+# starts `n_rows` copies of it, which on a GPU run at the same time. Each program learns
+# which one it is from `tl.program_id(0)` and works on a **block** of elements at once:
+# `tl.arange(0, BLOCK_SIZE)` is the vector `0, 1, ..., BLOCK_SIZE - 1`, and arithmetic on
+# it works lane by lane, like a PyTorch tensor.
+#
+# Here is a whole kernel, done for you: it subtracts from each row its mean. Read it line
+# by line; the softmax kernel you write next has the same skeleton.
+
+# %% nbgrader={"grade": false, "grade_id": "worked_kernel", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# given: softmax.center_rows_kernel
+# given: softmax.center_rows
+
+# %% [markdown]
+# - **Pointers.** `in_ptr` is the address of the tensor's first element; `in_ptr + i` is
+#   element `i`. Row `row` of a contiguous `[n_rows, n_cols]` tensor starts at
+#   `in_ptr + row * n_cols`, so `in_ptr + row * n_cols + lanes` is a *block* of pointers,
+#   one per lane.
+# - **Masks.** `BLOCK_SIZE` must be a power of two, so a row of 5 columns gets 8 lanes.
+#   `mask=lanes < n_cols` keeps lanes 5, 6, 7 from reading or writing memory that is not
+#   the row's; a masked load gives those lanes `other` instead. Which `other` is right
+#   depends on what comes next: `0` adds nothing to a **sum**, `-inf` never wins a
+#   **max** (and `tl.exp(-inf)` is `0`).
+# - **Reductions.** `tl.sum(x, axis=0)`, `tl.max(x, axis=0)` turn a block into one number;
+#   `tl.exp`, `-`, `/` work lane by lane.
+#
+# Run it on 3 rows of 5 columns, and compare with PyTorch:
+
+# %% nbgrader={"grade": false, "grade_id": "demo_worked_kernel", "locked": true, "schema_version": 3, "solution": false, "task": false}
+x = torch.randn(3, 5)
+print("kernel :", center_rows(x))
+print("PyTorch:", x - x.mean(dim=1, keepdim=True))
+
+# %% [markdown]
+# ### Debugging a kernel
+#
+# Under the interpreter a kernel is ordinary Python running one program after another, so
+# `print(...)` inside it shows the values of a block (it fails to compile on a GPU: remove
+# it, or use `tl.device_print("name", value)`, which works in both). Printing for one
+# program only keeps the output short: `if row == 1: print(...)`.
+#
+# The errors you are most likely to meet, as the interpreter words them:
+#
+# | message | what it means |
+# | --- | --- |
+# | `arange's range must be a power of 2` | `BLOCK_SIZE` is not 1, 2, 4, 8, ...: use `triton.next_power_of_2(n)` |
+# | `incompatible dimensions at index 0: 8 and 4` | two blocks of different sizes meet in one operation |
+# | `Mask argument cannot be block type if pointer argument is not a block` | the pointer lacks its `+ lanes` |
+# | a check saying *out of bounds* or *NaN came from memory outside the tensor* | a lane read or wrote past the tensor: a missing or wrong mask, or a wrong stride or grid |
+#
+# The cell below runs the worked kernel with a print for row 1, then with a block that is
+# not a power of two, and shows the message.
+
+# %% nbgrader={"grade": false, "grade_id": "demo_debugging", "locked": true, "schema_version": 3, "solution": false, "task": false}
+@triton.jit
+def center_rows_printing(out_ptr, in_ptr, n_cols, BLOCK_SIZE: tl.constexpr):
+    row = tl.program_id(0)
+    lanes = tl.arange(0, BLOCK_SIZE)
+    x = tl.load(in_ptr + row * n_cols + lanes, mask=lanes < n_cols, other=0.0)
+    if row == 1:
+        print("program", row, "loaded", x)
+    tl.store(out_ptr + row * n_cols + lanes, x - tl.sum(x, axis=0) / n_cols, mask=lanes < n_cols)
+
+
+if course.INTERPRET:  # plain print inside a kernel runs under the interpreter only
+    center_rows_printing[(3,)](torch.empty_like(x), x, 5, BLOCK_SIZE=8)
+try:
+    center_rows(x, block_size=6)
+except Exception as error:  # shown, not raised: this cell is about the message
+    print("BLOCK_SIZE=6 ->", type(error).__name__, error)
+
+# %% [markdown]
+# ## 5. The softmax kernel: one program per row
 #
 # For a row softmax: one program per row, each loading the whole row as one block of
 # `BLOCK_SIZE` lanes. `BLOCK_SIZE` must be a power of two (a `tl.arange` rule), so it is
@@ -245,7 +317,7 @@ checks.check_softmax_kernel(softmax_kernel)
 checks.check_softmax(softmax, softmax_kernel)
 
 # %% [markdown]
-# ## 5. Will it compile on a GPU?
+# ## 6. Will it compile on a GPU?
 #
 # The interpreter is forgiving: it runs some code that a GPU compiler rejects. This cell
 # compiles your kernel for an H100 (sm_90) without running it, so you learn about such
