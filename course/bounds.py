@@ -11,6 +11,7 @@ launch stops with OutOfBounds, naming the program, the argument it strayed from,
 how far. Reads inside a tensor's storage stay allowed: the checks' guard margins are part
 of the same storage, so their NaN and sentinel diagnostics keep working.
 """
+import contextlib
 import gc
 import warnings
 
@@ -20,6 +21,31 @@ import torch
 _LAUNCH = {"kernel": "", "ranges": [], "tables": []}  # the current launch: its tensors'
 # [(start, end, name)], and int64 arguments not yet searched as pointer tables
 WATCHERS = []  # callables(kernel name, [(arg name, arg)]) told of every launch (tests use it)
+_RECORD = None  # a list while `recording()` is on: one Access per load or store
+
+
+class Access:
+    """One tl.load or tl.store of one program: which tensor argument, which elements.
+
+    `offsets` are element offsets from the start of that argument's storage, for the lanes
+    the mask let through; `outside` counts those lanes that fell outside every tensor.
+    """
+
+    def __init__(self, program, verb, tensor, offsets, outside):
+        self.program, self.verb, self.tensor = program, verb, tensor
+        self.offsets, self.outside = offsets, outside
+
+
+@contextlib.contextmanager
+def recording():
+    """Record every load and store of the launches made inside the block (interpreter
+    only), for pictures of what a kernel did: `with recording() as accesses: ...`."""
+    global _RECORD
+    saved, _RECORD = _RECORD, []
+    try:
+        yield _RECORD
+    finally:
+        _RECORD = saved
 
 
 class OutOfBounds(IndexError):
@@ -73,6 +99,8 @@ def _check(ptrs, mask, itemsize, verb):
         ranges += _tables_point_to(np.concatenate(_LAUNCH["tables"]))
         _LAUNCH["tables"] = []
         return _check(ptrs, mask, itemsize, verb)
+    if _RECORD is not None:
+        _record(address, lanes, itemsize, verb, bad)
     if not bad.any():
         return
     from triton.runtime.interpreter import interpreter_builder
@@ -86,6 +114,44 @@ def _check(ptrs, mask, itemsize, verb):
         "Nothing stops this in the interpreter, and on a GPU it reads garbage or corrupts "
         f"memory: is every tl.{verb} masked (mask=offsets < n), and does the grid match the "
         "shapes (one program per row, per tile, ...)?")
+
+
+def record(launch):
+    """Run launch() recording its loads and stores -> (accesses, None), or (accesses so
+    far, the message) when it strayed out of bounds: a picture of the way there helps."""
+    if not _installed():
+        raise RuntimeError("recording a kernel's accesses needs Triton's interpreter "
+                           "(TRITON_INTERPRET=1): on a GPU there is nothing to record")
+    with recording() as accesses:
+        try:
+            launch()
+        except Exception as error:  # noqa: BLE001 (the interpreter wraps OutOfBounds)
+            cause = error
+            while cause is not None and not isinstance(cause, OutOfBounds):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            return accesses, str(cause)
+    return accesses, None
+
+
+def _installed():
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    return getattr(interpreter, "_course_bounds", False)
+
+
+def _record(address, lanes, itemsize, verb, bad):
+    from triton.runtime.interpreter import interpreter_builder
+    program = tuple(int(i) for i in interpreter_builder.grid_idx)
+    for start, end, name in _LAUNCH["ranges"]:
+        hit = lanes & (address >= start) & (address + itemsize <= end)
+        if hit.any():
+            _RECORD.append(Access(program, verb, name, (address[hit] - start) // itemsize, 0))
+    if bad.any():
+        _RECORD.append(Access(program, verb, None, np.zeros(0, np.int64), int(bad.sum())))
 
 
 def install():

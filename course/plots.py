@@ -8,21 +8,34 @@ def _numpy(t):
     return t.detach().to("cpu", torch.float32).numpy() if isinstance(t, torch.Tensor) else t
 
 
-def heatmaps(matrices: dict, *, cmap="viridis", annotate=False, figsize_per=3.2, suptitle=None):
+def heatmaps(matrices: dict, *, cmap="viridis", annotate=False, figsize_per=3.2, suptitle=None,
+             unit=()):
     """One heatmap per entry of {title: 2-D tensor} (queries down, keys across), side by
-    side. -inf shows as white."""
+    side. -inf shows as white. Titles in `unit` (weights) use a fixed 0-1 scale, so an
+    all-zero row looks like 0; boolean masks get two colours and a legend."""
+    import matplotlib.colors as mcolors
+    import matplotlib.patches as mpatches
+    import numpy as np
     fig, axes = plt.subplots(1, len(matrices), figsize=(figsize_per * len(matrices), figsize_per),
                              squeeze=False)
     for ax, (title, m) in zip(axes[0], matrices.items()):
+        is_mask = isinstance(m, torch.Tensor) and m.dtype == torch.bool
         data = _numpy(m)
-        image = ax.imshow(data, cmap=cmap)
+        if is_mask:
+            ax.imshow(data, cmap=mcolors.ListedColormap(["white", "#333333"]), vmin=0, vmax=1)
+            ax.legend(handles=[mpatches.Patch(facecolor="#333333", label="True: hidden"),
+                               mpatches.Patch(facecolor="white", edgecolor="gray", label="False: visible")],
+                      fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+        else:
+            limits = dict(vmin=0, vmax=1) if title in unit else {}
+            image = ax.imshow(data, cmap=cmap, **limits)
+            fig.colorbar(image, ax=ax, fraction=0.046)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("key j")
         ax.set_ylabel("query i")
-        if annotate and data.size <= 100:
-            for (i, j), value in __import__("numpy").ndenumerate(data):
+        if annotate and data.size <= 100 and not is_mask:
+            for (i, j), value in np.ndenumerate(data):
                 ax.text(j, i, f"{value:.2g}", ha="center", va="center", fontsize=7, color="w")
-        fig.colorbar(image, ax=ax, fraction=0.046)
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()
@@ -274,5 +287,86 @@ def masks(masks: dict, *, size_per_cell=0.5):
         ax.tick_params(which="minor", length=0)
         ax.set_title(title, fontsize=10)
         ax.set(xlabel="key j", ylabel="query i")
+    fig.tight_layout()
+    return fig
+
+
+def _program_names(programs):
+    """Grid indices as a lesson writes them: (3, 0, 0) -> "program 3" on a 1-D grid,
+    (1, 2, 0) -> "program (1, 2)" on a 2-D one."""
+    dims = 1 + max((i for p in programs for i, v in enumerate(p) if v), default=0)
+    return [f"program {p[0]}" if dims == 1 else f"program {p[:dims]}" for p in programs]
+
+
+def kernel_accesses(accesses, panels, *, show="program", title=""):
+    """What a kernel did, from `course.bounds.recording()`. panels: [(argument name, 2-D
+    tensor, "load" or "store")]; each element is coloured by the program that loaded or
+    stored it (show="program"; a number when several did) or by how many times it was
+    (show="count"). Lanes that fell outside every tensor are counted in the title."""
+    import numpy as np
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(4.2 * len(panels), 3.4))
+    programs = sorted({a.program for a in accesses if a.tensor})
+    cmap = plt.get_cmap("tab20", max(len(programs), 1))
+    for ax, (name, t, verb) in zip(axes[0], panels):
+        rows, cols = t.shape
+        r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        where = {int(o): (i, j) for o, i, j in zip(
+            (t.storage_offset() + r * t.stride(0) + c * t.stride(1)).ravel(), r.ravel(), c.ravel())}
+        owner = np.full((rows, cols), np.nan)
+        count = np.zeros((rows, cols), dtype=int)
+        for a in accesses:
+            if a.verb == verb and a.tensor == name:
+                for o in a.offsets.tolist():
+                    if o in where:  # not a guard margin around the tensor
+                        count[where[o]] += 1
+                        owner[where[o]] = programs.index(a.program)
+        if show == "count":
+            image = ax.imshow(count, cmap="viridis", vmin=0)
+            fig.colorbar(image, ax=ax, fraction=0.046, label=f"times {verb}ed")
+        else:
+            ax.imshow(np.ma.masked_invalid(owner), cmap=cmap, vmin=-0.5, vmax=len(programs) - 0.5)
+            for (i, j), n in np.ndenumerate(count):
+                if n > 1:
+                    ax.text(j, i, n, ha="center", va="center", fontsize=7)
+        outside = sum(a.outside for a in accesses if a.verb == verb)
+        ax.set_title(f"{name}: {verb}s" + (f"\n{outside} lanes outside every tensor!" if outside else ""),
+                     fontsize=10)
+        ax.set(xlabel="column", ylabel="row")
+    if show != "count" and len(programs) <= 16:
+        axes[0][-1].legend(handles=[plt.Rectangle((0, 0), 1, 1, color=cmap(k)) for k in range(len(programs))],
+                           labels=_program_names(programs), fontsize=7,
+                           loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def program_order_figure(m_tiles=8, n_tiles=8, group=4, wave=16):
+    """The launch order of a matmul's output tiles, row by row against grouped, with the
+    first `wave` programs (those running at once) shaded, and the A and B tiles that
+    wave needs per step along K: tiles shared by programs running together are read from
+    DRAM once (they stay in the L2 cache), so fewer distinct tiles means less traffic."""
+    import numpy as np
+
+    def grouped(pid):  # `group` row-tiles at a time, down the columns of that band
+        band, rest = divmod(pid, group * n_tiles)
+        rows = min(group, m_tiles - band * group)
+        return band * group + rest % rows, rest // rows
+
+    orders = {"row by row": lambda pid: divmod(pid, n_tiles), f"grouped, {group} rows at a time": grouped}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    for ax, (name, where) in zip(axes, orders.items()):
+        order = np.zeros((m_tiles, n_tiles), dtype=int)
+        for pid in range(m_tiles * n_tiles):
+            order[where(pid)] = pid
+        first = order < wave
+        ax.imshow(first, cmap="Blues", vmin=0, vmax=1.6)
+        for (i, j), pid in np.ndenumerate(order):
+            ax.text(j, i, pid, ha="center", va="center", fontsize=8)
+        a_tiles, b_tiles = len(set(np.nonzero(first)[0])), len(set(np.nonzero(first)[1]))
+        ax.set_title(f"{name}\nfirst {wave} programs read {a_tiles} A + {b_tiles} B tiles "
+                     f"= {a_tiles + b_tiles} per K step", fontsize=10)
+        ax.set(xlabel="column tile of C (B tile)", ylabel="row tile of C (A tile)")
     fig.tight_layout()
     return fig

@@ -128,12 +128,32 @@ def write_explanations():
     return quiz.SEALED
 
 
+def _progress_cells(nb):
+    """The closing cells of every notebook: each exercise's check, its points, run again
+    by course.overview.progress (written from the test cells, so it never goes stale)."""
+    entries = []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade"):
+            exercise = meta["grade_id"].removeprefix("test_")
+            entries.append(f"    ({exercise!r}, {meta['points']}, lambda: {cell.source.strip()}),")
+    text = nbformat.v4.new_markdown_cell(
+        "## Your progress\n\nEvery exercise's check again, quietly, with its points. Run it "
+        "whenever you like; the grade comes from the hidden tests.")
+    code = nbformat.v4.new_code_cell("\n".join(
+        ["from course.overview import progress", "", "progress(["] + entries + ["])"]))
+    code.metadata["nbgrader"] = {"grade": False, "grade_id": "progress", "locked": True,
+                                 "schema_version": 3, "solution": False, "task": False}
+    return [text, code]
+
+
 def source_notebook(name: str) -> nbformat.NotebookNode:
     """The instructor's notebook: lesson cells with solutions filled in from solutions/;
     explanations sealed by the quiz leave it (the check shows them to a right answer)."""
     nb = _lesson_cells(name)
     sealed = [id(cell) for _, cell in _explanation_cells(nb)]
     nb.cells = [cell for cell in nb.cells if id(cell) not in sealed]
+    nb.cells += _progress_cells(nb)
     for index, cell in enumerate(nb.cells):
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code":

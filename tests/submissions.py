@@ -59,6 +59,8 @@ def execute(lesson: str, nb) -> dict:
         if c.cell_type != "code" or c.metadata.get("nbgrader", {}).get("grade"):
             continue
         grade_id = c.metadata.get("nbgrader", {}).get("grade_id", f"cell{index}")
+        if grade_id == "progress":  # it re-runs every check: tests/test_learner_view.py runs it
+            continue
         # Register the source as IPython does: @triton.jit reads a kernel's source back.
         filename = f"<{lesson}:{grade_id}>"
         linecache.cache[filename] = (len(c.source), None, c.source.splitlines(True), filename)

@@ -252,3 +252,24 @@ def check_softmax(softmax, softmax_kernel):
                  name="softmax(1x65700 float16): a row whose sum of exps passes the float16 max")
     check_rejects([("a 1-D input (it must be 2-D)", lambda: softmax(torch.ones(3, device=DEVICE)))],
                   name="softmax")
+
+
+def show_kernel_accesses(softmax_kernel):
+    """Draw which program loaded and stored which element, on a 6 x 7 column slice of a
+    wider tensor (rows not one after another in memory); an out-of-bounds access is
+    reported under the picture of what happened until then."""
+    import matplotlib.pyplot as plt
+
+    from course import INTERPRET, bounds, plots
+    if not INTERPRET:
+        print("The recording needs Triton's interpreter: run this notebook with TRITON_INTERPRET=1 to see it.")
+        return
+    x = torch.randn(6, 12)[:, 2:9]
+    out = torch.full((6, 10), float("nan"))[:, 1:8]
+    accesses, error = bounds.record(lambda: softmax_kernel[(6,)](
+        out, x, x.stride(0), out.stride(0), 7, BLOCK_SIZE=8))
+    plots.kernel_accesses(accesses, [("in_ptr", x, "load"), ("out_ptr", out, "store")],
+                          title="your softmax_kernel on a 6 x 7 slice: one colour per program")
+    plt.show()
+    if error:
+        print("It stopped:", error)

@@ -640,3 +640,27 @@ def compile_kernels_for_gpu(matmul_kernel, batched_gemm_strided_kernel, batched_
               "B_TRANSPOSED": "constexpr", "DTYPE": "constexpr"}
     compile_for_gpu(batched_gemm_ptrs_kernel, tables | constexprs,
                     blocks | {"B_TRANSPOSED": True, "DTYPE": triton.language.float16}, capability)
+
+
+def show_matmul_loads(matmul_kernel, tile=16):
+    """Draw how many times the learner's kernel loaded each element of A and B, and which
+    program stored each tile of C, for a 40 x 24 by 24 x 56 product in tiles of 16."""
+    import matplotlib.pyplot as plt
+
+    from course import bounds, plots
+    if not INTERPRET:
+        print("The recording needs Triton's interpreter: run this notebook with TRITON_INTERPRET=1 to see it.")
+        return
+    a, b = torch.randn(40, 24), torch.randn(24, 56)
+    c = torch.empty(40, 56)
+    grid = (triton.cdiv(40, tile), triton.cdiv(56, tile))
+    accesses, error = bounds.record(lambda: matmul_kernel[grid](
+        a, b, c, 40, 56, 24, *a.stride(), *b.stride(), *c.stride(),
+        BLOCK_M=tile, BLOCK_N=tile, BLOCK_K=tile))
+    plots.kernel_accesses(accesses, [("a_ptr", a, "load"), ("b_ptr", b, "load")], show="count",
+                          title=f"A (40 x 24) and B (24 x 56): times each element was loaded, grid {grid}")
+    plots.kernel_accesses(accesses, [("c_ptr", c, "store")],
+                          title="C (40 x 56): the program that stored each element")
+    plt.show()
+    if error:
+        print("It stopped:", error)

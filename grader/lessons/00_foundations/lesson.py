@@ -20,6 +20,7 @@
 # once whether it is **right**; once it is, the explanation of the question appears under
 # the check. Answer first, then read why. Your grade comes from hidden tests when your
 # notebook is graded (they also say which classic slip a wrong answer looks like).
+# The last cell shows every question's points and your progress.
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import course  # first: picks the GPU, or Triton's interpreter on a CPU, before triton loads
@@ -276,7 +277,7 @@ checks.check_q08_causal(q08_causal_mask, q08_causal_weights)
 
 # %% nbgrader={"grade": false, "grade_id": "plot_causal", "locked": true, "schema_version": 3, "solution": false, "task": false}
 plots.heatmaps({"your mask (white = -inf)": q08_causal_mask, "your weights": q08_causal_weights},
-               annotate=True)
+               annotate=True, unit=["your weights"])
 plt.show()
 
 # %% [markdown]

@@ -14,13 +14,15 @@
 # FlashAttention is built on), and that runs as a **GPU kernel**.
 #
 # In this notebook you will write:
-# 1. `softmax_naive`: the formula, and see it break;
-# 2. `softmax_stable`: the version every library uses;
-# 3. `online_softmax`: one pass over blocks with a running max and sum (and find a bug);
+# 1. `softmax_naive`: the formula, and see it break (1 point);
+# 2. `softmax_stable`: the version every library uses (2 points);
+# 3. `online_softmax`: one pass over blocks with a running max and sum, and find a bug
+#    (3 + 1 points);
 # 4. `softmax_kernel` + `softmax`: a Triton kernel, one program per row, after a worked
-#    first kernel and how to debug one.
+#    first kernel and how to debug one (3 + 2 points).
 #
-# Run the cells in order. Each exercise is followed by a check: it prints `ok` lines when
+# Run the cells in order; the last cell shows each exercise's points and your progress.
+# Each exercise is followed by a check: it prints `ok` lines when
 # your code is right and says what is wrong when it is not. When you submit, hidden tests
 # run the same checks on inputs you have not seen.
 
@@ -93,10 +95,13 @@ checks.check_softmax_stable(softmax_stable)
 
 # %% nbgrader={"grade": false, "grade_id": "plot_probabilities", "locked": true, "schema_version": 3, "solution": false, "task": false}
 scores = torch.tensor([2.0, 1.0, 0.1, 3.0, -1.0, 2.5])
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
-plots.bars({f"x{i}": v for i, v in enumerate(scores)}, title="scores x", ax=ax1)
+fig, axes = plt.subplots(1, 4, figsize=(16, 3.2))
+plots.bars({f"x{i}": v for i, v in enumerate(scores)}, title="scores x", ax=axes[0])
 plots.bars({f"x{i}": v for i, v in enumerate(softmax_stable(scores))},
-           title="softmax(x): positive, sums to 1", ax=ax2)
+           title="softmax(x): positive, sums to 1", ax=axes[1])
+plots.bars({f"x{i}": v for i, v in enumerate(scores + 100)}, title="scores x + 100", ax=axes[2])
+plots.bars({f"x{i}": v for i, v in enumerate(softmax_stable(scores + 100))},
+           title="softmax(x + 100): the same", ax=axes[3])
 plt.show()
 
 # %% [markdown]
@@ -125,12 +130,14 @@ plt.show()
 # The module outline wrote this update in another order. Read it and run it:
 
 # %% nbgrader={"grade": false, "grade_id": "buggy_online", "locked": true, "schema_version": 3, "solution": false, "task": false}
-def online_softmax_buggy(x, block_size):
+def online_softmax_buggy(x, block_size, history=None):
     m, l = torch.tensor(float("-inf")), torch.tensor(0.0)
     for start in range(0, x.numel(), block_size):
         block = x[start:start + block_size]
         m = torch.maximum(m, block.max())             # the max is updated first...
         l = l * torch.exp(m - m) + torch.exp(block - m).sum()   # ...then "rescaled"
+        if history is not None:
+            history.append((float(m), float(l)))
     return torch.exp(x - m) / l
 
 
@@ -144,7 +151,7 @@ print("right :", torch.softmax(x_demo, dim=-1))
 # - **a**: `torch.maximum` compares the wrong tensors.
 # - **b**: once `m` has been replaced, the rescale factor `exp(m_old - m_new)` is computed as
 #   `exp(m - m)`, which is always 1, so the sum of earlier blocks stays measured against an
-#   old, smaller max and is too small.
+#   old, smaller max and is too large (and every probability too small).
 # - **c**: the final division should use the sum of the last block only.
 # - **d**: nothing is wrong; the difference is rounding error.
 
@@ -172,6 +179,7 @@ checks.check_online_softmax(online_softmax)
 # %% [markdown]
 # The running statistics over the blocks of one row: the max only grows, and each time it
 # jumps, the sum drops, because everything seen so far is re-measured against a larger max.
+# The outline's buggy order never re-measures: its sum only grows, and ends far too large.
 
 # %% nbgrader={"grade": false, "grade_id": "plot_running", "locked": true, "schema_version": 3, "solution": false, "task": false}
 row = torch.tensor([0.5, 1.0, 0.2, 3.0, 2.5, 0.1, 6.0, 1.0, 5.5, 2.0, 7.0, 0.3])
@@ -183,8 +191,11 @@ plots.bars({str(i): v for i, v in enumerate(row)}, title="the row, one colour pe
            groups=[i // 3 for i in range(len(row))], ax=axes[0])
 plots.lines(blocks, {"running max m": [h[0] for h in history]}, title="m after each block",
             xlabel="block", ax=axes[1])
-plots.lines(blocks, {"running sum l": [h[1] for h in history]}, title="l after each block",
-            xlabel="block", ax=axes[2])
+buggy = []
+online_softmax_buggy(row, 3, history=buggy)
+plots.lines(blocks, {"running sum l (yours)": [h[1] for h in history],
+                     "the buggy order": [h[1] for h in buggy]},
+            title="l after each block", xlabel="block", ax=axes[2])
 plt.show()
 
 # %% [markdown]
@@ -298,6 +309,16 @@ except Exception as error:  # shown, not raised: this cell is about the message
 
 # %% nbgrader={"grade": true, "grade_id": "test_softmax_kernel", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 checks.check_softmax_kernel(softmax_kernel)
+
+# %% [markdown]
+# What did your kernel do? Under the interpreter every load and store can be recorded.
+# Below, your kernel runs on a 6 x 7 slice of a wider tensor (its rows are 12 apart in
+# memory, the output's 10 apart); each colour is one program. One program per row, each
+# touching all of its row and nothing else, is what a row softmax should look like; a
+# kernel that ignores a stride, or a grid over the wrong axis, shows up here at a glance.
+
+# %% nbgrader={"grade": false, "grade_id": "plot_kernel_accesses", "locked": true, "schema_version": 3, "solution": false, "task": false}
+checks.show_kernel_accesses(softmax_kernel)
 
 # %% [markdown]
 # The wrapper allocates the output, picks `BLOCK_SIZE = triton.next_power_of_2(n_cols)`

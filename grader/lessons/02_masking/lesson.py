@@ -24,11 +24,11 @@
 # of `scaled_dot_product_attention` uses the opposite). A 0/1 mask: **1 = blocked**.
 #
 # In this notebook you will write:
-# 1. `causal_mask_bool` and `causal_mask` (boolean and additive causal masks);
-# 2. `apply_mask`: blocked scores become `-inf`;
-# 3. `padding_mask` for a batch of ragged sequences, combined with causal;
-# 4. `safe_softmax`: zeros, not NaN, on rows where everything is masked;
-# 5. `masked_softmax_kernel` + `masked_softmax`: the same in one Triton kernel.
+# 1. `causal_mask_bool` and `causal_mask` (boolean and additive causal masks, 1 + 1 points);
+# 2. `apply_mask`: blocked scores become `-inf` (2 points);
+# 3. `padding_mask` for a batch of ragged sequences, combined with causal (2 points);
+# 4. `safe_softmax`: zeros, not NaN, on rows where everything is masked (2 points);
+# 5. `masked_softmax_kernel` + `masked_softmax`: the same in one Triton kernel (3 + 2 points).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import course  # first: picks the GPU, or Triton's interpreter on a CPU, before triton loads
@@ -107,7 +107,8 @@ demo_scores = torch.randn(6, 6)
 demo_masked = apply_mask(demo_scores, causal_mask_bool(6))
 plots.heatmaps({"scores": demo_scores, "causal_mask_bool(6)": causal_mask_bool(6),
                 "masked scores": demo_masked,
-                "weights = softmax(masked)": torch.softmax(demo_masked, dim=-1)})
+                "weights = softmax(masked)": torch.softmax(demo_masked, dim=-1)},
+               unit=["weights = softmax(masked)"])
 plt.show()
 
 # %% [markdown]
@@ -146,7 +147,8 @@ demo_batch = torch.randn(3, 6, 6)
 plots.heatmaps({"padding (length 4)": demo_pad[1].expand(6, 6),
                 "weights, padding only": torch.softmax(apply_mask(demo_batch, demo_pad), -1)[1],
                 "padding | causal": demo_both[1],
-                "weights, padding | causal": torch.softmax(apply_mask(demo_batch, demo_both), -1)[1]})
+                "weights, padding | causal": torch.softmax(apply_mask(demo_batch, demo_both), -1)[1]},
+               unit=["weights, padding only", "weights, padding | causal"])
 plt.show()
 
 # %% [markdown]
@@ -242,8 +244,8 @@ checks.check_masked_softmax(masked_softmax, masked_softmax_kernel)
 
 # %% nbgrader={"grade": false, "grade_id": "plot_kernel", "locked": true, "schema_version": 3, "solution": false, "task": false}
 kernel_weights = masked_softmax(torch.randn(3, 5, 8, device=course.DEVICE), causal=True, lengths=[8, 3, 0])
-plots.heatmaps({f"sequence {b}, length {n}": kernel_weights[b] for b, n in enumerate([8, 3, 0])},
-               suptitle="masked_softmax(scores, causal=True, lengths=[8, 3, 0])")
+panels = {f"sequence {b}, length {n}": kernel_weights[b] for b, n in enumerate([8, 3, 0])}
+plots.heatmaps(panels, unit=panels, suptitle="masked_softmax(scores, causal=True, lengths=[8, 3, 0])")
 plt.show()
 
 # %% [markdown]

@@ -13,15 +13,16 @@
 # the output `O = P V`. This notebook builds them from the ground up:
 #
 # 1. `tiled_matmul`: a matrix product computed block by block in PyTorch, and
-#    `dram_reads`: how many slow-memory reads the blocks save;
-# 2. `matmul_kernel` + `matmul`: the same blocks as a Triton kernel, for any sizes;
+#    `dram_reads`: how many slow-memory reads the blocks save (2 + 2 points);
+# 2. `matmul_kernel` + `matmul`: the same blocks as a Triton kernel, for any sizes (3 + 2 points);
 # 3. `batched_gemm_strided`: all `batch x heads` products in **one** launch, addressed
-#    by strides, for `Q Kᵀ` and for `P V`;
+#    by strides, for `Q Kᵀ` and for `P V` (4 points);
 # 4. `batched_gemm_ptrs`: the same over matrices that live in separate allocations,
-#    through an array of their addresses;
-# 5. `compare_dispatch`: launches, bytes and time of each way, and when to use which.
+#    through an array of their addresses (4 points);
+# 5. `compare_dispatch`: launches, bytes and time of each way, and when to use which (2 points).
 #
-# Run the cells in order. Each exercise is followed by a check that prints `ok` lines when
+# Run the cells in order; the last cell shows each exercise's points and your progress.
+# Each exercise is followed by a check that prints `ok` lines when
 # your code is right and says what is wrong when it is not. Hidden tests run the same
 # checks on inputs you have not seen.
 
@@ -161,6 +162,33 @@ plt.show()
 checks.check_matmul_kernel(matmul_kernel)
 
 # %% [markdown]
+# What did your kernel read? Recorded under the interpreter for a 40 x 24 by 24 x 56
+# product in 16 x 16 tiles (a 3 x 4 grid): every element of `A` is loaded once by each of
+# the 4 programs of its row of tiles, every element of `B` once by each of the 3 programs
+# of its column, which is `dram_reads` of section 2 at work. Each tile of `C` is stored
+# by exactly one program.
+
+# %% nbgrader={"grade": false, "grade_id": "plot_matmul_loads", "locked": true, "schema_version": 3, "solution": false, "task": false}
+checks.show_matmul_loads(matmul_kernel)
+
+# %% [markdown]
+# ### In which order do the programs run?
+#
+# A GPU runs a few hundred programs at a time, in the order of their program ids. Programs
+# running together that need the same tile of `A` or `B` find it in the L2 cache after
+# the first one read it from DRAM, so what counts is how many *distinct* tiles a wave of
+# programs needs. Row by row, a wave spans whole rows of `C` and needs every column of
+# `B`; grouping a few rows of tiles together (the order of Triton's matmul tutorial)
+# makes each wave a squarer block of `C` that shares more. Below, 16 programs at once on
+# an 8 x 8 grid of tiles: 10 tiles per step along `K` row by row, 8 grouped. Your kernel
+# maps `program_id` to tiles row by row; the grouped mapping is a few integer lines at
+# its start, and on large matrices it is worth about 10% (the tutorial measures it).
+
+# %% nbgrader={"grade": false, "grade_id": "plot_program_order", "locked": true, "schema_version": 3, "solution": false, "task": false}
+plots.program_order_figure(m_tiles=8, n_tiles=8, group=4, wave=16)
+plt.show()
+
+# %% [markdown]
 # The wrapper checks its inputs (`check_inputs` serves every wrapper below: clear errors
 # before any launch, since a kernel given a wrong shape reads and writes wherever the
 # numbers point), allocates `C` and launches one grid of `(cdiv(M, TILE), cdiv(N, TILE))`
@@ -188,8 +216,9 @@ checks.check_matmul(matmul, matmul_kernel)
 # and `O[b, h] = P[b, h] V[b, h]`: `B x H` independent small products. Launching one
 # kernel per pair costs a launch each (tens of microseconds from Python, often more than
 # the work).
-# The design note launches **once**, on the grid `(heads, cdiv(M, TILE), batch)`:
-# program `(h, i, b)` computes row block `i` of `C[b, h]`.
+# The kernel you write here launches **once**, on the grid `(heads, cdiv(M, TILE), batch)`
+# (the layout of the batched-GEMM design this course follows; module 05 compares it with
+# FlashAttention's): program `(h, i, b)` computes row block `i` of `C[b, h]`.
 #
 # In a `[B, H, M, K]` tensor, element `[b, h, m, k]` sits at
 # `b * stride_b + h * stride_h + m * stride_m + k * stride_k` (in elements). Move the
@@ -201,7 +230,7 @@ checks.check_matmul(matmul, matmul_kernel)
 # - **`Q Kᵀ` without a transpose.** `K[b, h]` is `[N, K]`; `Kᵀ` is the same memory read
 #   with the last two strides swapped. So `b_transposed=True` only changes which stride
 #   the kernel gets as `stride_bk` and which as `stride_bn`.
-# - **Column tiles inside the program.** A grid has three axes and the design note spends
+# - **Column tiles inside the program.** A grid has three axes and this layout spends
 #   them all, so each program loops over the `cdiv(N, TILE)` column tiles of its rows.
 #   (Folding them into axis 1 would give more programs, which helps when `B H cdiv(M, TILE)`
 #   is too small to fill the GPU; for attention shapes it is large.)
@@ -285,12 +314,15 @@ checks.check_compare_dispatch(compare_dispatch, TILE)
 # Two attention shapes, 8 sequences x 16 heads, head dim 64, fp16: a **prefill**
 # (`[512, 64] @ [64, 512]` per pair: 512 queries against 512 keys) and a **decode** step
 # (`[1, 64] @ [64, 512]`: one new query). "model us" estimates an H100 from the counts:
-# 40 µs per launch (a Triton launch from Python costs tens of µs of host time) plus the
-# bytes at 3.35 TB/s. On a GPU, "us" is measured.
+# 40 µs per launch (a Triton launch from Python costs tens of µs of host time), plus the
+# bytes at 3.35 TB/s, plus for pointer arrays 3 µs of host time per address put in the
+# table (each of the 3 x 128 tensors is checked and its address written and copied; the
+# measured table below shows this is where their time goes). On a GPU, "us" is measured.
 
 # %% nbgrader={"grade": false, "grade_id": "table_dispatch", "locked": true, "schema_version": 3, "solution": false, "task": false}
-def model_us(row, launch_us=40.0, bytes_per_us=3.35e6):
-    return row["launches"] * launch_us + row["bytes"] / bytes_per_us
+def model_us(row, pairs=8 * 16, launch_us=40.0, bytes_per_us=3.35e6, us_per_address=3.0):
+    addresses = 3 * pairs if row["strategy"] == "ptrs" else 0  # A, B and C of every pair
+    return row["launches"] * launch_us + row["bytes"] / bytes_per_us + addresses * us_per_address
 
 
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.4))

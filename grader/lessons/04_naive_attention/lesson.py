@@ -17,16 +17,17 @@
 # and then we measure what the obvious way of computing it costs. That cost is the reason
 # FlashAttention (module 05) exists. In this notebook you will write:
 #
-# 1. `causal_future`: the causal mask when queries and keys differ in number;
-# 2. `repeat_kv`: grouped-query attention, where several query heads share one K/V head;
-# 3. `attention_reference`: attention in PyTorch, checked against PyTorch's own;
-# 4. `naive_attention`: the same in Triton, from the pieces of modules 01 and 03;
-# 5. `sp_bytes`: the memory that attention's two big intermediate matrices take;
+# 1. `causal_future`: the causal mask when queries and keys differ in number (1 point);
+# 2. `repeat_kv`: grouped-query attention, where several query heads share one K/V head (1 point);
+# 3. `attention_reference`: attention in PyTorch, checked against PyTorch's own (3 points);
+# 4. `naive_attention`: the same in Triton, from the pieces of modules 01 and 03 (4 points);
+# 5. `sp_bytes`: the memory that attention's two big intermediate matrices take (2 points);
 # 6. `naive_dram_accesses`, `flash_dram_accesses`, `flash_one_pass_max_n`: the DRAM
-#    traffic of naive attention and of FlashAttention;
-# 7. two questions on what limits each.
+#    traffic of naive attention and of FlashAttention (3 points);
+# 7. two questions on what limits each (1 point each).
 #
-# Run the cells in order. Each exercise is followed by a check that prints `ok` lines when
+# Run the cells in order; the last cell shows each exercise's points and your progress.
+# Each exercise is followed by a check that prints `ok` lines when
 # your code is right and says what is wrong when it is not. Hidden tests run the same
 # checks on inputs you have not seen.
 
@@ -76,6 +77,7 @@ o_demo = p_demo @ v_demo                                     # [1, 1, 4, 16]
 print("S:", tuple(s_demo.shape), " P:", tuple(p_demo.shape), " O:", tuple(o_demo.shape))
 print("each row of P sums to", p_demo.sum(-1).flatten().tolist())
 plots.heatmaps({"S = Q Kᵀ / √D": s_demo[0, 0], "P = softmax(S), row by row": p_demo[0, 0]},
+               unit=["P = softmax(S), row by row"],
                annotate=True)
 plt.show()
 

@@ -17,12 +17,12 @@
 # softmax. `S` and `P` exist one tile at a time, in SRAM, and never reach DRAM.
 #
 # In this notebook you will write:
-# 1. `flash_grid`: the launch grid, and answer four questions about it;
-# 2. `flash_attention_blocked`: the algorithm in PyTorch, block by block;
+# 1. `flash_grid`: the launch grid, and answer four questions about it (1 point each);
+# 2. `flash_attention_blocked`: the algorithm in PyTorch, block by block (3 points);
 # 3. `flash_attention_kernel`: the same algorithm as one Triton kernel, after a worked
-#    example that does its first half;
+#    example that does its first half (5 points);
 # 4. `flash_attention`: the wrapper that launches it, returning `O` and the log-sum-exp
-#    of each row (which the backward pass needs);
+#    of each row, which the backward pass needs (2 points);
 #
 # and then time it against PyTorch's own attention.
 #
@@ -31,7 +31,8 @@
 # attention (fewer K/V heads than query heads), causal alignment when the query and key
 # lengths differ, and measures what the skipping saves.
 #
-# Run the cells in order. Each exercise is followed by a check that prints `ok` lines when
+# Run the cells in order; the last cell shows each exercise's points and your progress.
+# Each exercise is followed by a check that prints `ok` lines when
 # your code is right and says what is wrong when it is not. Hidden tests run the same
 # checks on inputs you have not seen.
 
