@@ -136,8 +136,8 @@ def online_softmax_buggy(x, block_size, history=None):
         block = x[start:start + block_size]
         m = torch.maximum(m, block.max())             # the max is updated first...
         l = l * torch.exp(m - m) + torch.exp(block - m).sum()   # ...then "rescaled"
-        if history is not None:
-            history.append((float(m), float(l)))
+        if isinstance(history, list):
+            history.append((m.item(), l.item()))
     return torch.exp(x - m) / l
 
 
