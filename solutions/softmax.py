@@ -104,3 +104,13 @@ def softmax(x):
     block = triton.next_power_of_2(n_cols)
     softmax_kernel[(n_rows,)](out, x, x.stride(0), out.stride(0), n_cols, BLOCK_SIZE=block)
     return out
+
+
+# Row softmax on an H100 (80GB HBM3), fp16, 32 Mi elements at every row width N (rows =
+# 2**25 / N), median ms of triton.testing.do_bench, measured by `python -m solutions.softmax_bench`
+# (2026-11-23; torch 2.11.0+cu130, triton 3.6.0). "fused" is this module's kernel,
+# "unfused" the same softmax as five PyTorch steps (max, subtract, exp, sum, divide).
+H100_SOFTMAX_WIDTHS = (256, 1024, 4096, 16384)
+H100_SOFTMAX_MS = {"fused": (0.0868, 0.0504, 0.0506, 0.0576),
+                   "unfused": (0.3465, 0.3125, 0.2967, 0.3143),
+                   "torch.softmax": (0.0625, 0.0668, 0.1109, 0.0716)}
