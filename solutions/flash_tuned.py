@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from solutions.block_tuning import prune_configs
 from solutions.flash_forward import (LN2, LOG2E, check_attention_inputs, default_scale,
                                      dot_precision, flash_grid)
 
@@ -69,21 +70,15 @@ def _configs():
     return [_config(*c) for c in dict.fromkeys(shapes)]
 
 
-def _smem_bytes(cfg, block_d, elsize):
-    """Q tile once, plus a K and a V tile per pipeline stage."""
-    bq, bk = cfg.kwargs["BLOCK_Q"], cfg.kwargs["BLOCK_K"]
-    return (bq * block_d + 2 * max(cfg.num_stages, 1) * bk * block_d) * elsize
-
-
 def _prune(configs, named_args, **kwargs):
     """Benchmark only the shortlist for this shape, and only configs that fit in
-    shared memory (BLOCK_Q is always a multiple of BLOCK_K: the causal split needs it)."""
+    shared memory (module 07's model; BLOCK_Q is always a multiple of BLOCK_K: the
+    causal split needs it)."""
     if INTERPRET:
         return configs
     args = {**named_args, **kwargs}
     block_d, n_q, q = args["BLOCK_D"], args["N_Q"], args["Q"]
-    elsize = q.element_size()
-    if elsize == 4:
+    if q.element_size() == 4:
         wanted = [FP32]
     elif n_q <= 64:
         wanted = [SHORT_Q]
@@ -92,7 +87,7 @@ def _prune(configs, named_args, **kwargs):
     limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
     by_shape = {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages): c
                 for c in configs}
-    kept = [by_shape[w] for w in wanted if _smem_bytes(by_shape[w], block_d, elsize) <= limit]
+    kept = [by_shape[w] for w in prune_configs(wanted, block_d, q.dtype, limit)]
     return kept or [by_shape[FP32]]
 
 
