@@ -1,4 +1,4 @@
-"""Instructor commands: python -m grader {build,autograde,feedback,export,check-times,bench} ...
+"""Instructor commands: python -m grader {build,autograde,feedback,export,check-times,learner-copy,bench} ...
 
 Run `python -m grader COMMAND --help` for each command's options.
 """
@@ -31,6 +31,9 @@ def main(argv=None):
     p = sub.add_parser("check-times", help="time each visible check of the solved notebook")
     p.add_argument("lessons", nargs="*", help="lesson names (default: all)")
 
+    p = sub.add_parser("learner-copy", help="the course for learners: notebooks and runtime, no answers")
+    p.add_argument("target", help="a new folder")
+
     # Listed for --help only: `bench ...` is handed to solutions.bench before parsing.
     sub.add_parser("bench", help="GPU benchmark of the reference kernels against PyTorch SDPA "
                    "(python -m grader bench --help)")
@@ -54,6 +57,9 @@ def main(argv=None):
     elif args.command == "export":
         from grader.autograde import export
         export(args.to)
+    elif args.command == "learner-copy":
+        from grader.learner_copy import build_learner_copy
+        build_learner_copy(args.target)
     elif args.command == "check-times":
         from grader.timing import check_times
         for lesson in args.lessons or paths.lesson_names():
