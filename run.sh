@@ -14,15 +14,19 @@ fi
 
 stamp=".venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
+    echo "run.sh: setting up .venv (first time only, a few minutes)"
     python -m pip install --quiet --upgrade pip
     if ! command -v nvidia-smi >/dev/null 2>&1; then
         # No NVIDIA GPU: pinned, so pip takes the CPU build where one is on its path (a
         # local wheel folder, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu);
         # an unpinned torch pulls GBs of CUDA.
-        python -m pip install --quiet "torch==2.13.0"
+        echo "run.sh: installing PyTorch 2.13.0 (no NVIDIA GPU here: the CPU build)"
+        python -m pip install "torch==2.13.0"
     fi
+    echo "run.sh: installing the course and its dependencies (triton, jupyterlab, nbgrader, ...)"
     python -m pip install --quiet -e .
     touch "$stamp"
+    echo "run.sh: set up"
 fi
 
 case "${1:-lab}" in

@@ -31,6 +31,8 @@ import torch
 from course import plots
 from course.checks import foundations as checks
 
+print(course.describe())
+
 # %% [markdown]
 # ## Vectors and matrices
 #
