@@ -24,6 +24,7 @@ SEALED = pathlib.Path(__file__).with_name("explanations.json")
 _SALT = "attention-kernels-course/quiz"
 _tried = {}       # name -> wrong canonical answers tried in this kernel
 _recording = None  # the build sets a dict here: judge() then records instead of judging
+_explaining = True  # course.overview's progress table judges without explaining
 
 
 class NotRightYet(CheckFailed):
@@ -92,7 +93,8 @@ def judge(name, value):
     text = _xor(base64.b64decode(entry["sealed"]), _key(name, canon, "open")).decode()
     _tried.pop(name, None)
     print(f"ok  {name}: right.")
-    _show(text)
+    if _explaining:
+        _show(text)
     return True
 
 

@@ -3,6 +3,7 @@
 Run `python -m grader COMMAND --help` for each command's options.
 """
 import argparse
+import os
 import sys
 
 from grader import paths
@@ -20,6 +21,10 @@ def main(argv=None):
     p.add_argument("path", help="a .ipynb (one student) or a folder: one sub-folder or .ipynb per student")
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 120)")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="notebooks graded at once, each in its own process (default: the CPU count)")
+    p.add_argument("--regrade", action="store_true",
+                   help="grade again students whose unchanged submission already has a grade")
 
     p = sub.add_parser("feedback", help="HTML feedback without hidden tests")
     p.add_argument("lesson")
@@ -49,7 +54,8 @@ def main(argv=None):
         build(args.lessons or None)
     elif args.command == "autograde":
         from grader.autograde import autograde, print_table
-        results = autograde(args.lesson, args.path, timeout=args.timeout, json_path=args.json)
+        results = autograde(args.lesson, args.path, timeout=args.timeout, json_path=args.json,
+                            workers=args.workers, regrade=args.regrade)
         print_table(results)
     elif args.command == "feedback":
         from grader.autograde import feedback

@@ -7,6 +7,7 @@ the notebook's code runs in a sandboxed worker, the tests decide in this process
 student gets a recorded score, written as soon as it is known, and the grader's own files
 are fingerprinted before and after the run.
 """
+import hashlib
 import json
 import pathlib
 import re
@@ -93,36 +94,72 @@ def _read(notebook, release, record):
         return nbformat.from_dict(json.loads(json.dumps(release)))
 
 
-def autograde(lesson: str, path, timeout=None, json_path=None) -> dict:
+def _digest(notebook) -> str:
+    return hashlib.sha1(pathlib.Path(notebook).read_bytes()).hexdigest()
+
+
+def _pregrade(course, lesson, student, nb, timeout):
+    """In a pool process: grade one repaired notebook ahead of nbgrader (the costly part)."""
+    from grader import nbgrader_setup
+    paths.COURSE = course
+    started = time.time()
+    return nbgrader_setup.grade_one(lesson, student, nb, timeout), time.time() - started
+
+
+def autograde(lesson: str, path, timeout=None, json_path=None, workers=1, regrade=False) -> dict:
     """Grade every submission found at `path`; return (and save, after each student) the
-    per-test results."""
-    from grader import grading, repair, sandbox
-    from grader.nbgrader_setup import RESULTS
+    per-test results.
+
+    workers > 1 grades that many notebooks at once in separate processes (each with its
+    sandboxed worker) and records them in the gradebook one by one as they finish. A run
+    that was interrupted starts again where it stopped: a student whose submission is
+    unchanged since their recorded grade is not graded again (unless `regrade`).
+    """
+    from grader import repair, sandbox
+    from grader.nbgrader_setup import PREGRADED, RESULTS
     paths.lesson_path(lesson)
     submissions = find_submissions(lesson, path)
     before = fingerprint()
-    api = make_api(timeout or DEFAULT_TIMEOUT)
+    timeout = timeout or DEFAULT_TIMEOUT
+    api = make_api(timeout)
     release = build.release(lesson, api)
     reference = build.source_notebook(lesson)
     tests = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"]
              for c in _grade_cells(release)}
     results = {"lesson": lesson, "max_score": sum(tests.values()), "tests": tests,
                "sandbox": sandbox.level(), "students": {}}
-    print(f"grading {len(submissions)} submission(s) of {lesson}; notebook code runs in a "
-          f"sandbox of level {results['sandbox']!r} (grader/sandbox.py)")
     out = paths.COURSE / "grades" / f"{lesson}.json"
+    earlier = json.loads(out.read_text())["students"] if out.exists() and not regrade else {}
+    todo = {}
     for student, notebook in submissions.items():
-        started = time.time()
-        record = {"score": 0.0, "tests": {t: 0.0 for t in tests}, "notes": [], "messages": {}}
+        kept = earlier.get(student)
+        if kept and kept.get("submission_sha1") == _digest(notebook) and "seconds" in kept:
+            results["students"][student] = kept  # graded before this run was interrupted
+        else:
+            todo[student] = notebook
+    print(f"grading {len(todo)} submission(s) of {lesson} with {workers} worker process(es)"
+          + (f" ({len(submissions) - len(todo)} already graded and unchanged)" if len(todo) < len(submissions) else "")
+          + f"; notebook code runs in a sandbox of level {results['sandbox']!r} (grader/sandbox.py)")
+    repaired = {}
+    for student, notebook in todo.items():
+        record = {"score": 0.0, "tests": {t: 0.0 for t in tests}, "notes": [], "messages": {},
+                  "submission_sha1": _digest(notebook)}
         results["students"][student] = record
-        submitted, notes = repair.repair(_read(notebook, release, record), release, reference)
+        repaired[student], notes = repair.repair(_read(notebook, release, record), release, reference)
         record["notes"] += notes
+    progress = _Progress(len(todo))
+    for student, pregraded, seconds in _graded_in_turn(lesson, repaired, timeout, workers):
+        record, submitted = results["students"][student], repaired[student]
         folder = paths.COURSE / "submitted" / student / lesson
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(paths.COURSE / "autograded" / student / lesson, ignore_errors=True)
         write_notebook(submitted, folder / f"{lesson}.ipynb")
         RESULTS.pop((lesson, student), None)
+        started = time.time()
+        if pregraded is not None:
+            PREGRADED[(lesson, student)] = ([c.source for c in submitted.cells], pregraded)
         outcome = api.autograde(lesson, student, force=True, create=True)
+        PREGRADED.pop((lesson, student), None)
         graded = paths.COURSE / "autograded" / student / lesson / f"{lesson}.ipynb"
         if not outcome["success"] or not graded.exists():
             record["notes"].append("autograde failed, every test scores 0: "
@@ -134,8 +171,9 @@ def autograde(lesson: str, path, timeout=None, json_path=None) -> dict:
         if done is not None:
             record["notes"] += done.notes
             record["messages"] = {t: r.message for t, r in done.tests.items() if not r.passed}
-        record["seconds"] = round(time.time() - started, 1)
+        record["seconds"] = round(seconds + time.time() - started, 1)
         _write(results, [out] + ([pathlib.Path(json_path)] if json_path else []))
+        progress.done(student, record, results["max_score"])
     after = fingerprint()
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     results["grader_files_changed"] = changed
@@ -143,6 +181,45 @@ def autograde(lesson: str, path, timeout=None, json_path=None) -> dict:
         print("WARNING: grader files changed during grading: " + ", ".join(changed))
     _write(results, [out] + ([pathlib.Path(json_path)] if json_path else []))
     return results
+
+
+def _graded_in_turn(lesson, repaired, timeout, workers):
+    """(student, Graded or None, seconds) as each is ready: with one worker nothing is
+    graded ahead (nbgrader's step grades it); with more, a pool grades them in parallel."""
+    if workers <= 1 or len(repaired) <= 1:
+        for student in repaired:
+            yield student, None, 0.0
+        return
+    import concurrent.futures
+    import multiprocessing
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = {pool.submit(_pregrade, paths.COURSE, lesson, student, nb, timeout): student
+                   for student, nb in repaired.items()}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                graded, seconds = future.result()
+            except Exception:  # noqa: BLE001 (nbgrader's own step grades it again, in this process)
+                graded, seconds = None, 0.0
+            yield futures[future], graded, seconds
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+class _Progress:
+    """One line per graded student: how many are done, the score, the time left."""
+
+    def __init__(self, total):
+        self.total, self.count, self.start = total, 0, time.time()
+
+    def done(self, student, record, max_score):
+        self.count += 1
+        elapsed = time.time() - self.start
+        left = elapsed / self.count * (self.total - self.count)
+        eta = f"about {left / 60:.0f} min left" if left >= 90 else f"about {left:.0f} s left"
+        print(f"[{self.count}/{self.total}] {student}: {record['score']:g}/{max_score:g} "
+              f"({record['seconds']:.1f} s)" + (f"; {eta}" if self.count < self.total else ""),
+              flush=True)
 
 
 def _last_error(log: str) -> str:

@@ -130,3 +130,28 @@ def test_colliding_student_ids_are_refused(tmp_path):
         subs.save(subs.release(corpus.LESSON), tmp_path, name, corpus.LESSON)
     with pytest.raises(SystemExit, match="both give the student id"):
         ag.find_submissions(corpus.LESSON, tmp_path)
+
+
+def test_parallel_and_resumed_runs_score_every_student_once(tmp_path, capsys):
+    """Two worker processes give the scores one gives; a second run grades only the
+    submission that changed since (an interrupted run resumes where it stopped)."""
+    lesson = "00_foundations"
+    saved, paths.COURSE = paths.COURSE, tmp_path / "course"
+    try:
+        folder = tmp_path / "submitted_by_students"
+        subs.save(subs.solution_notebook(lesson), folder, "reference", lesson)
+        subs.save(subs.release(lesson), folder, "untouched", lesson)
+        bugs = list(subs.bugs_of(lesson).values())[:2]
+        for i, bug in enumerate(bugs):
+            subs.save(subs.with_bug(lesson, bug), folder, f"bug{i}", lesson)
+        first = ag.autograde(lesson, folder, timeout=TIMEOUT, workers=2)
+        scores = {s: r["score"] for s, r in first["students"].items()}
+        assert scores["reference"] == first["max_score"] > scores["bug0"] > 0 == scores["untouched"]
+        assert scores["bug1"] < first["max_score"]
+        subs.save(subs.solution_notebook(lesson), folder, "untouched", lesson)  # resubmitted
+        capsys.readouterr()
+        again = ag.autograde(lesson, folder, timeout=TIMEOUT, workers=2)["students"]
+        assert "grading 1 submission(s)" in capsys.readouterr().out
+        assert {s: r["score"] for s, r in again.items()} == dict(scores, untouched=scores["reference"])
+    finally:
+        paths.COURSE = saved

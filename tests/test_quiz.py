@@ -60,3 +60,15 @@ def test_answers_the_hidden_tests_accept_are_right_for_the_check_too(nudge, caps
     checks.check_q09_masked_softmax(lambda s, m: torch.softmax(s.double().masked_fill(m.bool(), -torch.inf), -1))
     checks.check_q10_fusion(float(key.q10_fusion_bytes_saved))
     assert capsys.readouterr().out.count(": right.") == 7
+
+
+def test_the_progress_table_counts_a_right_answer_without_explaining_it_again(monkeypatch, capsys):
+    from course.overview import progress
+    shown = []
+    monkeypatch.setattr(quiz, "_show", shown.append)
+    progress([("q06_subtract_max", 1, lambda: checks.check_choice("b", name="q06_subtract_max")),
+              ("q07_tiling", 1, lambda: checks.check_choice("a", name="q07_tiling")),
+              ("q11_low_precision", 1, lambda: undefined_name)])  # noqa: F821 (a cell not run)
+    table = capsys.readouterr().out
+    assert "1 of 3 points pass" in table and "not right yet" in table and "not written yet" in table
+    assert shown == []
