@@ -154,14 +154,26 @@ def assert_not_trivial(actual, *, name="output"):
 def check_choice(answer, name, options="abcd"):
     """The form of a multiple-choice answer (one letter), then right or wrong at once
     where the lesson sealed the answer (course/quiz.py); hidden tests grade the letter."""
+    check_choice_form(answer, name, options)
+    from course import quiz  # here: course.quiz imports this module
+    if not quiz.judge(name, answer):
+        print(f"ok  {name}: one letter (whether it is right is checked when you submit)")
+
+
+def graded_choice(answer, name, right, why):
+    """A hidden test's verdict on a letter: the form, then the key, with a hint if wrong."""
+    check_choice_form(answer, name)
+    if answer.strip().lower() != right:
+        fail(f"{name} is not the right choice: {why}")
+
+
+def check_choice_form(answer, name, options="abcd"):
+    """One letter among `options`, or a failure saying what the form should be."""
     if not isinstance(answer, str):
         fail(f'{name} should be a string holding one letter, e.g. {name} = "a"; '
              f"got {type(answer).__name__}")
     if len(answer.strip()) != 1 or answer.strip().lower() not in options:
         fail(f"{name} is {answer!r}: answer with one letter among " + ", ".join(f'"{o}"' for o in options))
-    from course import quiz  # here: course.quiz imports this module
-    if not quiz.judge(name, answer):
-        print(f"ok  {name}: one letter (whether it is right is checked when you submit)")
 
 
 def dtype_name(dtype):

@@ -15,6 +15,9 @@ Read it in this order:
    runs before the dK/dV kernel and stores delta for it.
 5. `FlashAttentionFunction` and `flash_attention`: the autograd glue around the tuned
    forward of `solutions/flash_tuned.py`.
+Module 08's lesson also takes from here `softmax_backward`, `_accumulate_dq` (the fused
+path's atomic adds), `flash_backward` (the same kernels launched with fixed tiles) and
+`autograd_forward` / `autograd_backward` (an autograd Function's two methods).
 
 Notation (per batch and head, scale = sm_scale): S = scale * Q K^T,
 P = softmax(S) = exp(S - lse), O = P V. Given dO:
@@ -41,6 +44,17 @@ LOG2E_C = tl.constexpr(LOG2E)  # the same constant, usable inside kernels
 # ---------------------------------------------------------------------------------------
 # The lesson's derivation, in PyTorch.
 
+def softmax_backward(p, dp, dim=-1):
+    """The gradient dx of a softmax p = softmax(x, dim), given the gradient dp of p:
+    dx = p * (dp - sum(p * dp, dim)). Computed in fp32 (float64 stays float64) and
+    returned in p's dtype."""
+    acc = torch.promote_types(p.dtype, torch.float32)
+    p32, dp32 = p.to(acc), dp.to(acc)
+    # One row's Jacobian is diag(p) - p p^T; times dp it is this, never formed. In fp16,
+    # dp - sum(p * dp) would cancel away the digits that matter when dp is far from zero.
+    return (p32 * (dp32 - (p32 * dp32).sum(dim, keepdim=True))).to(p.dtype)
+
+
 def attention_backward_reference(q, k, v, o, do, lse, causal=False, sm_scale=None):
     """Gradients (dq, dk, dv) of attention, from the forward's o and lse, in float64.
 
@@ -48,9 +62,8 @@ def attention_backward_reference(q, k, v, o, do, lse, causal=False, sm_scale=Non
     is applied by hand (formulas in the module docstring). GQA: the dK/dV of the query
     heads that share one K/V head are summed into it.
     """
-    B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
-    scale = default_scale(sm_scale, D)
-    group = H // Hkv
+    B, H, Hkv, _, Nk, D = check_attention_inputs(q, k, v)
+    scale, group = default_scale(sm_scale, D), H // Hkv
     q64, do64, o64 = q.double(), do.double(), o.double()
     k64, v64 = repeat_kv(k.double(), H), repeat_kv(v.double(), H)
     s = attention_scores(q64, k64, causal, scale)
@@ -90,6 +103,7 @@ def _load_rows(base, offs_rows, stride_rows, offs_d, n_rows,
 
 @triton.jit
 def _row_delta(o, do):
+    """delta of each row of two [rows, BLOCK_D] tiles of O and dO, in fp32."""
     # delta_i = sum_j P_ij dP_ij = dO_i . O_i: one dot per row instead of an N-long sum.
     return tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
 
@@ -104,10 +118,23 @@ def bwd_preprocess_kernel(
     pid_m = tl.program_id(0)
     rows = tl.program_id(1).to(tl.int64) * N_Q  # first row of this (batch, head)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_D)  # head-dim lanes, HEAD_DIM rounded up
     o = _load_rows(O + rows * HEAD_DIM, offs_m, HEAD_DIM, offs_d, N_Q, HEAD_DIM, BLOCK_D, True)
     do = _load_rows(DO + rows * HEAD_DIM, offs_m, HEAD_DIM, offs_d, N_Q, HEAD_DIM, BLOCK_D, True)
     tl.store(DELTA + rows + offs_m, _row_delta(o, do), mask=offs_m < N_Q)
+
+
+@triton.jit
+def _accumulate_dq(DQ, dsT, k, offs_m, offs_d, N_Q, sm_scale,
+                   HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add this KV block's part of dQ = scale * dS K to the rows offs_m of DQ (fp32,
+    contiguous [N_Q, HEAD_DIM] rows of one head)."""
+    # Every KV block adds its part to the same rows, several programs at once on a GPU:
+    # the adds must be atomic (a load, add and store would lose some of them).
+    dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * sm_scale
+    dq_ptrs = DQ + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    dq_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    tl.atomic_add(dq_ptrs, dq, mask=dq_mask, sem="relaxed")
 
 
 @triton.jit
@@ -150,12 +177,7 @@ def _dkdv_q_blocks(
         dsT = pT * (dpT - delta[None, :])
         dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)
         if FUSED_DQ:
-            # Every KV block adds its part of dQ = scale * dS K: several programs write the
-            # same rows at once, so the adds must be atomic (fp32 buffer).
-            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * sm_scale
-            dq_ptrs = DQ + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-            dq_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
-            tl.atomic_add(dq_ptrs, dq, mask=dq_mask, sem="relaxed")
+            _accumulate_dq(DQ, dsT, k, offs_m, offs_d, N_Q, sm_scale, HEAD_DIM, DOT_PRECISION)
     return dk, dv
 
 
@@ -170,13 +192,21 @@ def bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """Program (j, b * H_KV + h_kv) computes dK and dV of keys j*BLOCK_N ... of batch b,
+    K/V head h_kv, walking the query blocks of the GROUP query heads that share it.
+
+    Q, K, V through their strides (head dim contiguous); DO, DQ [B, H, N_Q, HEAD_DIM] and
+    LSE, DELTA [B, H, N_Q] contiguous; DK, DV contiguous [B, H_KV, N_K, HEAD_DIM], stored
+    in their dtype. CAUSAL: query i sees keys j <= i. FUSED_DQ: also adds each block's
+    part of dQ = sm_scale * dS K into DQ (fp32).
+    """
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)          # over batch * K/V heads
     b = (pid_bh // H_KV).to(tl.int64)
     h_kv = pid_bh % H_KV
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_D)  # head-dim lanes, HEAD_DIM rounded up
 
     k = _load_rows(K + b * stride_kb + h_kv * stride_kh, offs_n, stride_kn, offs_d,
                    N_K, HEAD_DIM, BLOCK_D, True)
@@ -267,18 +297,26 @@ def bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """Program (i, b * H + h) computes dQ of query rows i*BLOCK_M ... of batch b, head h
+    (K/V head h // GROUP), walking the KV blocks, and stores these rows' delta =
+    rowsum(dO * O) into DELTA for the dK/dV kernel.
+
+    Q, K, V through their strides (head dim contiguous); DO, O, DQ [B, H, N_Q, HEAD_DIM]
+    and LSE, DELTA [B, H, N_Q] contiguous; DQ stored in its dtype. CAUSAL: query i sees
+    keys j <= i.
+    """
     pid_m = tl.program_id(0)
     if CAUSAL:
         # Later query blocks see more keys: start them first so the short ones fill the tail.
         pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1)  # b * H + h
     b = (pid_bh // H).to(tl.int64)
-    h = pid_bh % H
-    h_kv = h // GROUP
+    h = pid_bh % H  # the query head, reading K/V head h // GROUP
+    h_kv = h // GROUP  # (GQA)
     rows = pid_bh.to(tl.int64) * N_Q   # first row of this head in dO, O, dQ, lse and delta
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_D)  # head-dim lanes, HEAD_DIM rounded up
 
     q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qn, offs_d,
                    N_Q, HEAD_DIM, BLOCK_D, True)
@@ -302,7 +340,7 @@ def bwd_dq_kernel(
         hi = N_K
         full_end = (N_K // BLOCK_N) * BLOCK_N
     k_base = K + b * stride_kb + h_kv * stride_kh
-    v_base = V + b * stride_vb + h_kv * stride_vh
+    v_base = V + b * stride_vb + h_kv * stride_vh  # (the head dim is contiguous)
     dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                        offs_m, offs_d, 0, full_end, N_K, qk_scale,
                        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
@@ -376,17 +414,14 @@ _dq_tuned = _autotuned(bwd_dq_kernel, "dq")
 FUSED_DEFAULT = False
 
 
-def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None,
-                             fused=FUSED_DEFAULT, config=None):
-    """Gradients (dq, dk, dv) of FlashAttention, in the dtypes of q, k, v.
-
-    o, lse: the forward's outputs; do: the gradient of o (any strides).
-    fused=True computes dQ inside the dK/dV kernel with atomics (one kernel fewer, an
-    fp32 dQ buffer more); fused=False runs the separate dQ kernel.
-    config: {"dkdv": {...}, "dq": {...}} of BLOCK_M, BLOCK_N, num_warps, num_stages to
-    bypass the autotuner (for tuning sweeps); None uses the autotuner on a GPU.
-    """
+def check_backward_inputs(q, k, v, o, lse, do):
+    """Validate the backward's inputs (q, k, v as check_attention_inputs wants them; o and
+    do of q's shape and dtype; lse fp32 [B, H, Nq]; one device); return
+    (B, H, Hkv, Nq, Nk, D)."""
     B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+    for name, t in (("o", o), ("lse", lse), ("do", do)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if o.shape != q.shape or do.shape != q.shape:
         raise ValueError(f"o {tuple(o.shape)} and do {tuple(do.shape)} must have q's shape "
                          f"{tuple(q.shape)}")
@@ -397,6 +432,61 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None,
     if not (o.device == do.device == lse.device == q.device):
         raise ValueError(f"q, k, v, o, do and lse must be on one device, got q on {q.device}, "
                          f"o on {o.device}, do on {do.device}, lse on {lse.device}")
+    return B, H, Hkv, Nq, Nk, D
+
+
+def flash_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, *, fused=False,
+                   block_m=None, block_n=None):
+    """The backward pass with the kernels above, fixed tiles: (dq, dk, dv) in the dtypes
+    of q, k, v. (The lesson's wrapper; `flash_attention_backward` is the autotuned one.)
+
+    o, lse: the forward's outputs; do: the gradient of o. fused=False: the dQ kernel
+    (which also stores delta), then the dK/dV kernel; fused=True: the preprocessing
+    kernel, then the dK/dV kernel adding dQ into an fp32 buffer with atomics.
+    block_m, block_n: query and key rows per tile; by default 32 in the interpreter, and
+    on a GPU 64, 32 or 16 as [block, D] tiles grow (they must fit in shared memory).
+    """
+    B, H, Hkv, Nq, Nk, D = check_backward_inputs(q, k, v, o, lse, do)
+    sm_scale = default_scale(sm_scale, D)  # 1/sqrt(D) when None
+    row_bytes = q.element_size() * D
+    block = (64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16) if q.is_cuda else 32
+    block_m, block_n = block_m or block, block_n or block
+    # The kernels take q, k, v through their strides (head dim contiguous), and o, dO,
+    # lse and every buffer made here as contiguous tensors.
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    o, do, lse = o.contiguous(), do.contiguous(), lse.contiguous()
+    delta = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
+    block_d = max(16, triton.next_power_of_2(D))  # a power of two for tl.arange
+    meta = dict(GROUP=H // Hkv, CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=block_d,
+                BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype))
+    if fused:
+        bwd_preprocess_kernel[(triton.cdiv(Nq, block_m), B * H)](
+            o, do, delta, Nq, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m)
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # the atomics add into it
+    else:
+        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        bwd_dq_kernel[(triton.cdiv(Nq, block_m), B * H)](
+            q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, sm_scale, **meta)
+    bwd_dkdv_kernel[(triton.cdiv(Nk, block_n), B * Hkv)](  # one program per KV block
+        q, k, v, do, lse, delta, dk, dv, dq, *strides, H, Hkv, Nq, Nk, sm_scale,
+        FUSED_DQ=bool(fused), **meta)
+    return dq.to(q.dtype), dk, dv
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None,
+                             fused=FUSED_DEFAULT, config=None):
+    """Gradients (dq, dk, dv) of FlashAttention, in the dtypes of q, k, v.
+
+    o, lse: the forward's outputs; do: the gradient of o (any strides).
+    fused=True computes dQ inside the dK/dV kernel with atomics (one kernel fewer, an
+    fp32 dQ buffer more); fused=False runs the separate dQ kernel.
+    config: {"dkdv": {...}, "dq": {...}} of BLOCK_M, BLOCK_N, num_warps, num_stages to
+    bypass the autotuner (for tuning sweeps); None uses the autotuner on a GPU.
+    """
+    B, H, Hkv, Nq, Nk, D = check_backward_inputs(q, k, v, o, lse, do)
     return _backward(q, k, v, o, lse.contiguous(), do, bool(causal), default_scale(sm_scale, D),
                      bool(fused), config)
 
@@ -481,3 +571,57 @@ class FlashAttentionFunction(torch.autograd.Function):
 def flash_attention(q, k, v, causal=False, sm_scale=None, *, fused=FUSED_DEFAULT):
     """FlashAttention with gradients: returns (o, lse), differentiable in q, k, v."""
     return FlashAttentionFunction.apply(q, k, v, causal, sm_scale, fused)
+
+
+# ---------------------------------------------------------------------------------------
+# The lesson's autograd exercise: FlashAttentionFunction's two methods as functions (the
+# notebook makes its class of them), and one training step's gradients through it. In the
+# notebook, `flash_attention` is module 05's forward and `flash_backward` the learner's
+# wrapper; here they are the tuned forward and the wrapper above, with the same contract.
+
+def autograd_forward(ctx, q, k, v, causal, sm_scale, fused):
+    """FlashAttentionFunction.forward: (o, lse) from FlashAttention's forward, and on ctx
+    what the backward needs (q, k, v, o, lse and the three settings)."""
+    o, lse = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.sm_scale, ctx.fused = causal, sm_scale, fused
+    ctx.mark_non_differentiable(lse)  # a statistic for the backward, not an output to train
+    return o, lse  # the Function's outputs, as the forward's
+
+
+def autograd_backward(ctx, do, dlse):
+    """FlashAttentionFunction.backward: one gradient per input of forward, from the
+    gradient do of o (dlse, lse's, is unused: lse is not differentiable)."""
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale, fused=ctx.fused)
+    return dq, dk, dv, None, None, None  # causal, sm_scale and fused have no gradient
+
+
+def attention_gradients(q, k, v, do, causal=False, sm_scale=None, fused=False):
+    """One forward and backward through FlashAttentionFunction, as a training step makes
+    them, on leaf copies of q, k, v: returns (o, lse, dq, dk, dv) for the gradient do of o."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o, lse = FlashAttentionFunction.apply(q, k, v, causal, sm_scale, fused)
+    o.backward(do)
+    return o.detach(), lse, q.grad, k.grad, v.grad
+
+
+# Forward + backward TFLOPS measured on an H100 (80GB HBM3), solutions/PERF.md, "## Backward",
+# "Final: fwd+bwd through the public API": fp16, H = 16, B * N = 16384, 3.5 x 4 B H N^2 D
+# operations per step (the backward does 2.5x the forward's matrix products), half of that
+# when causal; `flash_attention(q, k, v, causal)[0].backward(do)` with the separate dQ
+# kernel and with the fused one (atomic dQ), against PyTorch's FlashAttention-2 backend.
+H100_TRAIN_SEQ_LENS = (1024, 4096, 16384)
+H100_TRAIN_TFLOPS = {  # (head dim D, causal): {implementation: TFLOPS at each length}
+    (64, False): {"dQ kernel": (267, 316, 343), "fused, atomic dQ": (232, 298, 320),
+                  "sdpa-flash": (202, 267, 288)},
+    (64, True): {"dQ kernel": (178, 273, 311), "fused, atomic dQ": (166, 278, 338),
+                 "sdpa-flash": (136, 220, 273)},
+    (128, False): {"dQ kernel": (278, 371, 373), "fused, atomic dQ": (256, 348, 378),
+                   "sdpa-flash": (220, 293, 321)},
+    (128, True): {"dQ kernel": (187, 294, 349), "fused, atomic dQ": (162, 253, 316),
+                  "sdpa-flash": (155, 251, 300)},
+}
+
+# The trade-off question of module 08 (see the lesson for the options).
+fused_tradeoff_answer = "c"

@@ -3,7 +3,7 @@ import torch
 
 from course import DEVICE, INTERPRET, pick
 from course.checks import softmax as visible
-from course.testing import check_rejects, dtype_name, fail, randn
+from course.testing import check_rejects, dtype_name, graded_choice, randn
 from solutions import softmax as key
 from grader.rules import Avoids, Int64Offsets, JitKernel, Launches
 
@@ -66,10 +66,8 @@ def test_online_softmax(fn):
 
 
 def test_rescale_bug(answer):
-    visible.check_choice(answer, name="rescale_bug_answer")
-    if answer.strip().lower() != key.rescale_bug_answer:
-        fail("rescale_bug_answer is not the right choice: look at the value of m when "
-             "exp(m_old - m_new) is computed in the buggy version.")
+    graded_choice(answer, "rescale_bug_answer", key.rescale_bug_answer,
+                  "look at the value of m when exp(m_old - m_new) is computed in the buggy version.")
 
 
 def test_softmax_kernel(kernel):

@@ -8,7 +8,7 @@ import torch
 from course import DEVICE, INTERPRET, pick
 from course.checks import naive_attention as visible
 from course.checks.naive_attention import LAYOUTS
-from course.testing import check_rejects, fail
+from course.testing import check_rejects, graded_choice
 from grader.rules import Avoids, Launches
 from solutions import naive_attention as key
 
@@ -117,14 +117,12 @@ def test_dram_accesses(naive, flash, one_pass):
 
 
 def test_bottleneck_answer(answer):
-    visible.check_choice(answer, name="bottleneck_answer")
-    if answer.strip().lower() != key.bottleneck_answer:
-        fail("bottleneck_answer is not the right choice: compare naive attention's bytes of S "
-             "and P with an H100's 3.35 TB/s, and its flops with the tensor cores' ~800 TFLOPS.")
+    graded_choice(answer, "bottleneck_answer", key.bottleneck_answer,
+                  "compare naive attention's bytes of S and P with an H100's 3.35 TB/s, and its "
+                  "flops with the tensor cores' ~800 TFLOPS.")
 
 
 def test_head_dim_answer(answer):
-    visible.check_choice(answer, name="head_dim_answer")
-    if answer.strip().lower() != key.head_dim_answer:
-        fail("head_dim_answer is not the right choice: look at how FlashAttention's count "
-             "depends on d at long sequences (two places: the block size and the bytes per pass).")
+    graded_choice(answer, "head_dim_answer", key.head_dim_answer,
+                  "look at how FlashAttention's count depends on d at long sequences (two places: "
+                  "the block size and the bytes per pass).")

@@ -9,7 +9,7 @@ import torch
 from course import INTERPRET, pick
 from course.checks import flash_forward as visible
 from course.checks.flash_forward import BF16, F16, F32, LAYOUTS, OUT_LAYOUTS
-from course.testing import check_rejects, fail
+from course.testing import check_rejects, fail, graded_choice
 from grader.rules import Avoids, FORBIDDEN_NAMES, JitKernel, Launches
 from solutions import flash_forward as key
 
@@ -64,14 +64,8 @@ def test_flash_grid(flash_grid):
         visible.case_flash_grid(flash_grid, *args)
 
 
-def _choice(answer, name, right, why):
-    visible.check_choice(answer, name=name)
-    if answer.strip().lower() != right:
-        fail(f"{name} is not the right choice: {why}")
-
-
 def test_grid_axis(answer):
-    _choice(answer, "grid_axis_answer", key.grid_axis_answer,
+    graded_choice(answer, "grid_axis_answer", key.grid_axis_answer,
             "think about what one program loops over, and what the programs divide among "
             "themselves.")
 
@@ -84,13 +78,13 @@ def test_programs(answer):
 
 
 def test_batch_heads(answer):
-    _choice(answer, "batch_heads_answer", key.batch_heads_answer,
+    graded_choice(answer, "batch_heads_answer", key.batch_heads_answer,
             "do two (batch, head) pairs ever need each other's data, and which axis can hold "
             "the most programs?")
 
 
 def test_grid_limit(answer):
-    _choice(answer, "grid_limit_answer", key.grid_limit_answer,
+    graded_choice(answer, "grid_limit_answer", key.grid_limit_answer,
             "find, for each layout, which axis holds the 131,072 query blocks, and compare "
             "with that axis's limit.")
 

@@ -8,7 +8,7 @@ import random
 import torch
 
 from course.checks import block_tuning as visible
-from course.testing import check_rejects, fail
+from course.testing import check_rejects, graded_choice
 from solutions import block_tuning as key
 
 RULES = {}  # plain Python exercises: nothing to read off the source
@@ -85,20 +85,14 @@ def test_prune_configs(fn, smem_limit):
     case([], 128, torch.float32)
 
 
-def _graded_choice(answer, name, right, why):
-    visible.check_choice(answer, name=name)
-    if answer.strip().lower() != right:
-        fail(f"{name} is not the right choice: {why}")
-
-
 def test_fastest(answer):
-    _graded_choice(answer, "fastest_answer", key.measured_winner(),
+    graded_choice(answer, "fastest_answer", key.measured_winner(),
                    "on the H100 another configuration ran faster. Weigh the three limits of "
                    "the table: reads of K and V, programs per SM, and what each thread holds.")
 
 
 def test_why(answer):
-    _graded_choice(answer, "why_answer", key.why_answer,
+    graded_choice(answer, "why_answer", key.why_answer,
                    "each of the other options names one limit and ignores the others; which "
                    "one explains why the largest tile AND the deepest pipeline lost?")
 

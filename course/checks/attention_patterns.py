@@ -1,0 +1,791 @@
+"""Visible checks of module 09 (patterns around attention). Hidden tests reuse the `case_*`
+functions with inputs the learner never sees: the same kinds of input (dtypes, memory
+layouts, value ranges, patterns, offsets, window sizes), at other sizes and seeds.
+
+Every output is compared with its float64 reference. When it differs, the classic
+mistakes of the exercise are computed too (only then: module 05's _Lazy), so that the
+message can name the one the output matches. Module 05's inputs, layouts and launch
+checks are reused as they are.
+"""
+import math
+
+import torch
+import triton
+
+from course import DEVICE, INTERPRET
+from course.checks.flash_forward import (BF16, BHN, BHND, F16, F32, LAYOUTS, LN2, LOG2E,  # noqa: F401
+                                         LSE_TOLERANCE, MARGIN, OUT_LAYOUTS, _describe, _f64, _hints,
+                                         _kind_hint, _launch_check, _Lazy, _views_hint,
+                                         attention_values, bad_inputs, block_d, in_layout,
+                                         output_in_layout)
+from course.gpu_compile import compile_for_gpu
+from course.testing import (assert_close, assert_not_trivial, check_choice, check_rejects,  # noqa: F401
+                            dtype_name, fail, guarded_input, guarded_output, hinted, randn,
+                            tolerance, watched_call)
+
+DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)
+F64 = torch.float64
+ROPE_BASE = 10000.0  # RoPE's usual base, the default of the lesson's functions
+# Layouts of the projection's inputs (module 05's in_layout): x [B, N, C] and w [rows, C]
+# as they are, stored transposed (w kept as [C, rows] for x @ w), or slices of longer rows.
+MATRIX_LAYOUTS = ("contiguous", "transposed", "sliced")
+FAR = 300.0  # inputs of the "far_above" / "far_below" kinds sit around +-FAR
+
+
+def _shifted(t, kind):
+    """t moved far above or far below zero for those kinds, else unchanged."""
+    return t + {"far_above": FAR, "far_below": -FAR}.get(kind, 0.0)
+
+
+# ---------------------------------------------------------------------------------------
+# 1. qkv_projection
+
+def projection_inputs(B, N, C, rows, dtype, *, seed, kind="random", layouts=("contiguous",) * 2):
+    """Guarded x [B, N, C] and w_qkv [rows, C] in `dtype` on DEVICE, laid out as `layouts`
+    (MATRIX_LAYOUTS). kind "far_above" / "far_below": x around +-FAR (the products stay
+    inside fp16's range: w is small)."""
+    x = _shifted(randn(B, N, C, seed=seed), kind)
+    w = randn(rows, C, seed=seed + 1) / math.sqrt(C)
+    return tuple(in_layout(t.to(DEVICE, dtype), layout, seed=seed + 5 + i)
+                 for i, (t, layout) in enumerate(zip((x, w), layouts)))
+
+
+def _split(qkv, heads, kv_heads, layout="parts"):
+    """q, k, v [B, heads or kv_heads, N, D] read from the rows of a [B, N, rows] product:
+    "parts" (this lesson: q heads, k heads, v heads, D rows each), "per_head" ([heads, 3, D],
+    GPT-NeoX's fused layout) or "lanes_outer" ([D, heads]: lanes and heads swapped)."""
+    B, N, rows = qkv.shape
+    parts = heads + 2 * kv_heads
+    D = rows // parts
+    if layout == "per_head":
+        q, k, v = qkv.view(B, N, heads, 3, D).unbind(3)
+    else:
+        view = qkv.view(B, N, parts, D) if layout == "parts" else qkv.view(B, N, D, parts).transpose(2, 3)
+        q, k, v = view.split([heads, kv_heads, kv_heads], dim=2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def case_projection(fn, x, w, heads, kv_heads, *, kind="random", quiet=False):
+    B, N, C = x.shape
+    rows = w.shape[0]
+    D = rows // (heads + 2 * kv_heads)
+    layouts = "" if x.is_contiguous() and w.is_contiguous() else f"; x {_describe(x)}, w {_describe(w)}"
+    name = (f"qkv_projection({dtype_name(x.dtype)}{'' if kind == 'random' else ' ' + kind}, "
+            f"x {tuple(x.shape)}, w_qkv {tuple(w.shape)}, heads={heads}, kv_heads={kv_heads}{layouts})")
+    result, report = watched_call(fn, x, w, heads, kv_heads, measure_products=True)
+    if not isinstance(result, (tuple, list)) or len(result) != 3 or \
+            not all(isinstance(t, torch.Tensor) for t in result):
+        fail(f"{name} should return three tensors (q, k, v), got {type(result).__name__}")
+    product = _f64(x) @ _f64(w).T
+    expected = _split(product, heads, kv_heads)
+    hint = _hints(kv_heads != heads and f"kv_heads = {kv_heads} here, heads = {heads}: the rows "
+                  f"split into {heads * D} for q and {kv_heads * D} each for k and v, not in thirds.",
+                  not (x.is_contiguous() and w.is_contiguous()) and "x or w_qkv is a view here: "
+                  "x @ w_qkv.T takes any layout, and its output is a fresh contiguous tensor, so "
+                  "view that output, not the inputs.")
+    for label, got, want, i in zip("qkv", result, expected, range(3)):
+        mistakes = _Lazy()
+        if kv_heads == heads:
+            mistakes["each head's q, k and v rows were taken together ([heads, 3, D], GPT-NeoX's "
+                     "fused layout): here the rows are all q heads, then all k heads, then all v "
+                     "heads, D rows each"] = lambda i=i: _split(product, heads, kv_heads, "per_head")[i]
+        mistakes["the lanes and the heads were swapped: view the product as [B, N, heads, D] "
+                 "(each head's D rows together), not [B, N, D, heads]"] = \
+            lambda i=i: _split(product, heads, kv_heads, "lanes_outer")[i]
+        with hinted(hint):
+            assert_close(got, want, name=f"{label} of {name}", dim_names=("batch", "head", "token", "dim"),
+                         mistakes=mistakes, quiet=True)
+            assert_not_trivial(got, name=f"{label} of {name}")
+        if got.dtype != x.dtype:
+            fail(f"{label} of {name} is {dtype_name(got.dtype)}, not x's {dtype_name(x.dtype)}")
+    storages = {t.untyped_storage().data_ptr() for t in result}
+    if len(storages) != 1:
+        fail(f"{name}: q, k and v live in {len(storages)} separate places in memory; they should "
+             "be views of the one product x @ w_qkvᵀ. A copy happened (.contiguous(), .clone(), "
+             "reshape of a view that cannot be viewed, torch.cat), or each came from its own "
+             "product: split the one output with .view, .split or slicing, and .transpose")
+    if rows > max(B * N, C) and report["largest_product"] < rows:
+        fail(f"{name}: the largest matrix product had a side of {report['largest_product']}, but "
+             f"the fused weight has {rows} rows: multiply x by all of w_qkv at once, one GEMM, "
+             "and split its output")
+    if not quiet:
+        print(f"ok  {name}: views of one product")
+
+
+def case_projection_random(fn, B, N, C, heads, kv_heads, D, dtype, *, seed, kind="random",
+                           layouts=("contiguous",) * 2, quiet=False):
+    x, w = projection_inputs(B, N, C, (heads + 2 * kv_heads) * D, dtype, seed=seed, kind=kind,
+                             layouts=layouts)
+    case_projection(fn, x, w, heads, kv_heads, kind=kind, quiet=quiet)
+
+
+def bad_projection_inputs(fn):
+    x, w = torch.ones(2, 5, 24, device=DEVICE), torch.ones(96, 24, device=DEVICE)
+    return [("a 2-D x", lambda: fn(x[0], w, 2, 2)),
+            ("w_qkv with another number of columns than x's channels",
+             lambda: fn(x, torch.ones(96, 16, device=DEVICE), 2, 2)),
+            ("w_qkv rows that do not split into heads + 2 * kv_heads blocks", lambda: fn(x, w[:91], 2, 2)),
+            ("heads not a multiple of kv_heads",
+             lambda: fn(x, torch.ones(112, 24, device=DEVICE), 3, 2)),
+            ("an fp32 x with an fp16 w_qkv", lambda: fn(x, w.half(), 2, 2)),
+            ("int32 inputs", lambda: fn(x.int(), w.int(), 2, 2))]
+
+
+def check_qkv_projection(qkv_projection):
+    def case(*args, **kwargs):
+        case_projection_random(qkv_projection, *args, **kwargs)
+    case(2, 10, 24, 4, 4, 16, F32, seed=1)                      # heads == kv_heads
+    case(2, 9, 40, 4, 2, 16, F32, seed=2)                       # grouped: k, v have 2 heads
+    case(1, 13, 20, 3, 1, 24, F16, seed=3, layouts=("transposed", "transposed"))
+    case(2, 7, 33, 2, 2, 24, F32, seed=4, layouts=("sliced", "contiguous"), kind="far_above")
+    case(1, 11, 16, 4, 2, 16, F16, seed=5, layouts=("contiguous", "sliced"), kind="far_below")
+    if not INTERPRET:
+        case(2, 100, 256, 16, 4, 64, BF16, seed=6, layouts=("transposed", "contiguous"))
+    check_rejects(bad_projection_inputs(qkv_projection), name="qkv_projection")
+    print("ok  qkv_projection: one GEMM, q, k, v views of its output (grouped heads, any layout); "
+          "bad inputs raise")
+
+
+# ---------------------------------------------------------------------------------------
+# 2. RoPE
+
+def rope_reference(x, positions, base=ROPE_BASE, *, pairing="halves", turn=1.0, exponent=2.0,
+                   width=None):
+    """float64 RoPE of x [..., N, D] at `positions` [N]. pairing "halves" (lane i with lane
+    i + D/2) or "interleaved" (2i with 2i + 1). Classic mistakes: turn=-1 (rotated the other
+    way), exponent=1 (base^(-i/D)), width (frequencies from a padded width, not D)."""
+    x = _f64(x)
+    D = x.shape[-1]
+    half = D // 2
+    freq = base ** (-exponent * torch.arange(half, dtype=F64, device=x.device) / (width or D))
+    angle = turn * _f64(torch.as_tensor(positions))[:, None] * freq
+    cos, sin = angle.cos(), angle.sin()
+    if pairing == "halves":
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+
+def rope_mistakes(x, positions, base, offset, *, padded_width=None):
+    """{description: wrong output} of the classic RoPE mistakes (lazy)."""
+    found = _Lazy()
+    found["lanes 2i and 2i + 1 were paired (GPT-J's interleaved convention): this lesson pairs "
+          "lane i with lane i + D/2 (halves, as GPT-NeoX and Llama)"] = \
+        lambda: rope_reference(x, positions, base, pairing="interleaved")
+    if offset:
+        found[f"the rows were turned from position 0: row n sits at position offset + n (offset = "
+              f"{offset} here, as for new tokens after a KV cache)"] = \
+            lambda: rope_reference(x, positions - offset, base)
+    found["the pairs turned the other way: (x_i, x_{i+D/2}) becomes (x_i cos - x_{i+D/2} sin, "
+          "x_{i+D/2} cos + x_i sin)"] = lambda: rope_reference(x, positions, base, turn=-1.0)
+    found["the frequencies were base^(-i/D): pair i turns at base^(-2i/D) (the exponent has a 2: "
+          "pairs, not lanes, are counted)"] = lambda: rope_reference(x, positions, base, exponent=1.0)
+    if padded_width and padded_width != x.shape[-1]:
+        found[f"the frequencies were computed from BLOCK_D = {padded_width}, the padded width: "
+              f"use HEAD_DIM = {x.shape[-1]}, the real one"] = \
+            lambda: rope_reference(x, positions, base, width=padded_width)
+    return found
+
+
+def rope_values(B, H, N, D, dtype, *, seed, kind="random", layout="contiguous"):
+    """A guarded x [B, H, N, D] of `kind` ("random", "far_above", "far_below") laid out as
+    `layout` (module 05's LAYOUTS)."""
+    return in_layout(_shifted(randn(B, H, N, D, seed=seed), kind).to(DEVICE, dtype), layout, seed=seed + 5)
+
+
+def _compare_rope(out, x, offset, base, *, name, hint, padded_width=None, quiet=False):
+    """out against RoPE of x in float64. The tolerance grows with the largest |x|: a rotation
+    is accurate to a fraction of the vector's length, and an entry can be near 0 (cos and sin
+    cancelling) while the pair is long."""
+    positions = offset + torch.arange(x.shape[-2], dtype=F64, device=DEVICE)
+    atol, rtol = tolerance(x.dtype, DEVICE)
+    atol *= max(1.0, float(x.detach().abs().max()))
+    with hinted(hint):
+        mistakes = rope_mistakes(x, positions, base, offset, padded_width=padded_width)
+        assert_close(out, rope_reference(x, positions, base), name=name, atol=atol, rtol=rtol,
+                     dim_names=("batch", "head", "row", "dim"), mistakes=mistakes, quiet=quiet)
+        assert_not_trivial(out, name=name)
+
+
+def _rope_name(fn_name, x, offset, base, kind, extra=""):
+    layout = "" if x.is_contiguous() else f", {_describe(x)}"
+    return (f"{fn_name}({dtype_name(x.dtype)}{'' if kind == 'random' else ' ' + kind}, "
+            f"x {tuple(x.shape)}{layout}, offset={offset}{'' if base == ROPE_BASE else f', base={base:g}'}"
+            f"{extra})")
+
+
+def case_rope(fn, x, offset=0, base=ROPE_BASE, *, kind="random", quiet=False):
+    name = _rope_name("rope", x, offset, base, kind)
+    out = fn(x, offset=offset, base=base)
+    if isinstance(out, torch.Tensor) and out.dtype != x.dtype:
+        fail(f"{name} returned {dtype_name(out.dtype)}: compute in fp32, return x's dtype "
+             f"({dtype_name(x.dtype)})")
+    _compare_rope(out, x, offset, base, name=name, quiet=quiet, hint=_hints(
+        offset and f"offset = {offset}: row n sits at position {offset} + n.",
+        not x.is_contiguous() and "x is a view here: index it, never assume its layout."))
+
+
+def case_rope_random(fn, B, H, N, D, dtype, *, seed, offset=0, base=ROPE_BASE, kind="random",
+                     layout="contiguous", quiet=False):
+    case_rope(fn, rope_values(B, H, N, D, dtype, seed=seed, kind=kind, layout=layout), offset, base,
+              kind=kind, quiet=quiet)
+
+
+def check_rope(rope):
+    def case(*args, **kwargs):
+        case_rope_random(rope, *args, **kwargs)
+    case(1, 2, 12, 16, F32, seed=1)
+    case(2, 3, 20, 40, F32, seed=2, offset=37, layout="bnhd")       # D = 40: pairs (i, i + 20)
+    case(1, 2, 30, 64, F16, seed=3, offset=3000, layout="transposed")
+    case(1, 1, 9, 32, F32, seed=4, offset=5, base=500000.0, kind="far_above", layout="sliced")
+    case(2, 1, 16, 24, F16, seed=5, offset=100, kind="far_below")
+    if not INTERPRET:
+        case(2, 4, 300, 128, BF16, seed=6, offset=1000, layout="bnhd")
+    check_rejects([("an odd head dim", lambda: rope(torch.ones(1, 1, 4, 15, device=DEVICE)))], name="rope")
+    print("ok  rope: halves pairing, offsets, any layout; an odd head dim raises")
+
+
+# ---------------------------------------------------------------------------------------
+# 3. rope_kernel (and rope_tile), launched directly
+
+def case_rope_kernel(kernel, x, offset=0, base=ROPE_BASE, *, block_n=16, out_layout="contiguous",
+                     kind="random", quiet=False):
+    B, H, N, D = x.shape
+    name = _rope_name("rope_kernel", x, offset, base, kind, extra=f", BLOCK_N={block_n}"
+                      + ("" if out_layout == "contiguous" else f", Y {out_layout}"))
+    hint = _hints(
+        offset and f"pos_offset = {offset}: row n sits at position {offset} + n.",
+        D != block_d(D) and f"D = {D} is not a power of two: BLOCK_D = {block_d(D)}; pairs and "
+        "frequencies come from HEAD_DIM, and lanes past it are masked.",
+        out_layout != "contiguous" and f"Y is a {out_layout} view here: store through its strides.",
+        not x.is_contiguous() and f"X is a view here (strides {tuple(x.stride())}): load through "
+        "its strides.")
+    with hinted(hint), output_in_layout((B, H, N, D), x.dtype, out_layout, name=f"Y of {name}") as y:
+        kernel[(triton.cdiv(N, block_n), B * H, 1)](
+            x, y, *x.stride(), *y.stride(), H, N, offset, base,
+            HEAD_DIM=D, BLOCK_N=block_n, BLOCK_D=block_d(D))
+    _compare_rope(y, x, offset, base, name=name, hint=hint, padded_width=block_d(D), quiet=quiet)
+
+
+def case_rope_kernel_random(kernel, B, H, N, D, dtype, *, seed, kind="random", layout="contiguous",
+                            **kwargs):
+    case_rope_kernel(kernel, rope_values(B, H, N, D, dtype, seed=seed, kind=kind, layout=layout),
+                     kind=kind, **kwargs)
+
+
+def check_rope_kernel(rope_kernel):
+    def case(*args, **kwargs):
+        case_rope_kernel_random(rope_kernel, *args, **kwargs)
+    case(1, 2, 20, 32, F32, seed=1)
+    case(2, 3, 37, 40, F32, seed=2, offset=11, layout="bnhd", out_layout="sliced")
+    case(1, 2, 50, 64, F16, seed=3, offset=2000, block_n=32, layout="transposed", out_layout="bnhd")
+    case(1, 1, 16, 16, F32, seed=4, offset=5, base=500000.0, kind="far_above", layout="sliced")
+    case(2, 1, 21, 48, F16, seed=5, offset=64, kind="far_below", out_layout="bnhd")
+    if not INTERPRET:
+        case(2, 4, 500, 128, BF16, seed=6, offset=3000, block_n=64, layout="bnhd")
+    print("ok  rope_kernel: halves pairing in a tile, offsets, head dims that are not powers of "
+          "two, X and Y in any layout")
+
+
+# ---------------------------------------------------------------------------------------
+# 4. alibi_slopes
+
+def alibi_reference(heads):
+    """The paper's slopes in float64, by its recursion: P = the largest power of two <= H
+    gives the ratios r, r^2, ..., r^P with r = 2^(-8/P); the other H - P heads take every
+    other slope of 2P heads."""
+    p = 2 ** int(math.log2(heads))
+    ratio = 2.0 ** (-8.0 / p)
+    slopes = [ratio ** (i + 1) for i in range(p)]
+    return slopes + (alibi_reference(2 * p)[0::2][:heads - p] if p < heads else [])
+
+
+def _alibi_mistakes(heads):
+    p = 2 ** int(math.log2(heads))
+    found = {
+        "the sequence started at 2^0 = 1: head h gets 2^(-8(h+1)/H), so head 0 gets 2^(-8/H)":
+            [2.0 ** (-8.0 * i / heads) for i in range(heads)],
+        "the slopes go from the largest to the smallest: head 0 gets 2^(-8/H), the largest":
+            list(reversed(alibi_reference(heads))),
+    }
+    if p != heads:
+        found[f"H = {heads} is not a power of two, and 2^(-8(h+1)/H) was used anyway: take the "
+              f"{p} slopes of {p} heads, then every other slope of {2 * p} heads"] = \
+            [2.0 ** (-8.0 * (i + 1) / heads) for i in range(heads)]
+        found[f"the extra heads took the even ranks of the {2 * p}-head sequence (its 2nd, 4th, "
+              "...): they take its 1st, 3rd, 5th, ... slopes ([0::2])"] = \
+            alibi_reference(p) + alibi_reference(2 * p)[1::2][:heads - p]
+        found[f"the first {heads} slopes of {2 * p} heads: the paper keeps the {p} slopes of {p} "
+              f"heads and adds every other slope of {2 * p}"] = alibi_reference(2 * p)[:heads]
+    return {k: torch.tensor(v, dtype=F64) for k, v in found.items()}
+
+
+def case_alibi_slopes(fn, heads, *, quiet=False):
+    name = f"alibi_slopes({heads})"
+    got = fn(heads)
+    if not isinstance(got, torch.Tensor) or got.dtype != F32 or tuple(got.shape) != (heads,):
+        fail(f"{name} should be a float32 tensor of shape [{heads}], got "
+             + (f"{dtype_name(got.dtype)} {tuple(got.shape)}" if isinstance(got, torch.Tensor)
+                else type(got).__name__))
+    assert_close(got, torch.tensor(alibi_reference(heads), dtype=F64), name=name, atol=0, rtol=1e-6,
+                 dim_names=("head",), mistakes=_alibi_mistakes(heads), quiet=True,
+                 hint="head h of H (a power of two) gets 2^(-8(h+1)/H)")
+    if not quiet:
+        print(f"ok  {name}: {[round(float(s), 5) for s in got[:4]]}{' ...' if heads > 4 else ''}")
+
+
+def check_alibi_slopes(alibi_slopes):
+    for heads in (8, 1, 2, 16, 3, 6, 12):
+        case_alibi_slopes(alibi_slopes, heads, quiet=heads != 8)
+    check_rejects([("heads = 0", lambda: alibi_slopes(0))], name="alibi_slopes")
+    print("ok  alibi_slopes: powers of two and other head counts (1, 2, 3, 6, 12, 16)")
+
+
+# ---------------------------------------------------------------------------------------
+# 5. key_block_range
+
+def visible_keys(n_q, n_k, *, q_offset=0, causal=False, window=None, rows=None):
+    """[n_q, n_k] bool: query i (at q_offset + i) sees key j. window W: 0 <= distance < W."""
+    distance = (q_offset + torch.arange(n_q, device=DEVICE))[:, None] - torch.arange(n_k, device=DEVICE)
+    if window is not None:
+        return (distance >= 0) & (distance < window)
+    return distance >= 0 if causal else torch.ones(n_q, n_k, dtype=torch.bool, device=DEVICE)
+
+
+def block_ranges(n_q, n_k, block_q, block_k, **pattern):
+    """[(first, stop)] per query block, found by looking at every key: the key blocks that
+    hold a key one of the block's queries sees."""
+    sees = visible_keys(n_q, n_k, **pattern)
+    ranges = []
+    for qs in range(0, n_q, block_q):
+        blocks = sees[qs:qs + block_q].any(0).nonzero().flatten() // block_k
+        ranges.append((int(blocks.min()), int(blocks.max()) + 1))
+    return ranges
+
+
+def _range_mistakes(q_block, n_q, n_k, block_q, block_k, q_offset, window):
+    """{description: (first, stop)} of the classic mistakes."""
+    def blocks(first_pos, last_pos, longer=0):
+        stop = min(n_k - 1, last_pos) // block_k + 1
+        return (0 if window is None else max(0, first_pos - window + 1 - longer) // block_k), stop
+    first_pos = q_offset + q_block * block_q
+    last_pos = q_offset + min(n_q, (q_block + 1) * block_q) - 1
+    first, stop = blocks(first_pos, last_pos)
+    found = {
+        "the block that holds the diagonal (the last key a query sees) was left out: stop is one "
+        "past the block holding key min(n_k - 1, last position)": (first, stop - 1),
+        "the last query was taken at (q_block + 1) * block_q - 1 even past n_q: only real queries "
+        "(i < n_q) count": blocks(first_pos, q_offset + (q_block + 1) * block_q - 1),
+    }
+    if q_offset:
+        found["q_offset was left out: query i sits at position q_offset + i"] = \
+            blocks(first_pos - q_offset, last_pos - q_offset)
+    if window is not None:
+        found["the first block was found from the block's last query: its first query sees earlier "
+              "keys, and a block it sees partly must run too (its first key is at max(0, p - W + 1), "
+              "p the first query's position)"] = (max(0, last_pos - window + 1) // block_k, stop)
+        found["the first block was rounded up: a key block that is partly inside the window must "
+              "run, so round max(0, p - W + 1) down to its block"] = (
+            triton.cdiv(max(0, first_pos - window + 1), block_k), stop)
+        found["the window is one key too long (p - W is not visible: a query sees W keys, itself "
+              "included)"] = blocks(first_pos, last_pos, longer=1)
+    return found
+
+
+def case_key_block_range(fn, q_block, n_q, n_k, block_q, block_k, *, q_offset=0, causal=False,
+                         window=None):
+    pattern = {"q_offset": q_offset, "causal": causal, "window": window}
+    name = (f"key_block_range(q_block={q_block}, n_q={n_q}, n_k={n_k}, block_q={block_q}, "
+            f"block_k={block_k}, q_offset={q_offset}, causal={causal}, window={window})")
+    got = fn(q_block, n_q, n_k, block_q, block_k, q_offset=q_offset, causal=causal, window=window)
+    want = block_ranges(n_q, n_k, block_q, block_k, **pattern)[q_block]
+    if not isinstance(got, (tuple, list)) or len(got) != 2 or \
+            not all(isinstance(g, int) and not isinstance(g, bool) for g in got):
+        fail(f"{name} should return (first, stop), two ints, got {got!r}")
+    if tuple(got) == want:
+        return
+    why = "; or: ".join(description for description, wrong in
+                        _range_mistakes(q_block, n_q, n_k, block_q, block_k, q_offset, window).items()
+                        if wrong == tuple(got))  # one wrong range may have several causes
+    first_pos = q_offset + q_block * block_q
+    fail(f"{name} is {tuple(got)}, expected {want}: key blocks {want[0]} ... {want[1] - 1} hold a "
+         f"key one of its queries (positions {first_pos} ... "
+         f"{q_offset + min(n_q, (q_block + 1) * block_q) - 1}) sees"
+         + (f".\n  this matches a classic mistake: {why}" if why else
+            ". The block of key j is j // block_k."))
+
+
+RANGE_CASES = [  # (q_block, n_q, n_k, block_q, block_k, q_offset, causal, window)
+    (0, 40, 40, 16, 16, 0, False, None), (2, 70, 70, 16, 32, 0, True, None),
+    (1, 40, 100, 32, 16, 60, True, None), (2, 100, 100, 16, 16, 0, True, 20),
+    (3, 100, 100, 32, 16, 0, True, 40), (1, 37, 37, 16, 16, 0, True, 1),
+    (0, 8, 64, 16, 16, 56, True, 10), (4, 90, 90, 16, 32, 0, True, 1000),
+    (2, 50, 80, 16, 16, 30, True, 17), (1, 40, 60, 32, 16, 0, True, 5),
+]
+
+
+def check_key_block_range(key_block_range):
+    for q_block, n_q, n_k, bq, bk, q_offset, causal, window in RANGE_CASES:
+        case_key_block_range(key_block_range, q_block, n_q, n_k, bq, bk, q_offset=q_offset,
+                             causal=causal, window=window)
+    print("ok  key_block_range: full, causal and windowed, with offsets and ragged blocks")
+
+
+# ---------------------------------------------------------------------------------------
+# 6. pattern_attention_kernel: the reference and its classic mistakes
+
+def pattern_reference(q, k, v, *, scale, q_offset=0, causal=False, window=None, rope=False,
+                      rope_base=ROPE_BASE, slopes=None, mistake=None, blocks=None):
+    """(O, LSE) in float64 for this module's patterns. `mistake` names a classic bug to
+    emulate (see pattern_mistakes); `blocks` = (block_q, block_k) is needed by the bugs that
+    skip key blocks."""
+    mistake = mistake or {}
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    rows = q_offset + torch.arange(Nq, device=q.device)
+    cols = torch.arange(Nk, device=q.device)
+    if rope:
+        rope_args = {key: mistake[key] for key in ("pairing", "turn", "exponent", "width") if key in mistake}
+        q = rope_reference(q, rows - mistake.get("q_positions_shift", 0), rope_base, **rope_args)
+        k = rope_reference(k, cols, rope_base, **rope_args)
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    distance = rows[:, None] - cols[None, :]
+    if slopes is not None:
+        per_head = _f64(slopes)[mistake.get("head_map", torch.arange(H)).to(q.device)]
+        bias_distance = (distance - mistake.get("bias_shift", 0)).abs()
+        s = s - mistake.get("bias_factor", 1.0) * per_head[:, None, None] * bias_distance
+    if causal or window is not None:
+        masked = distance - mistake.get("mask_shift", 0)
+        w = (window if window is not None else q_offset + Nq) + mistake.get("window_extra", 0)
+        s = s.masked_fill(~((masked >= 0) & (masked < w)), float("-inf"))
+    if "first_key" in mistake:  # a wrong loop start: keys before it never run
+        first = torch.tensor([mistake["first_key"](i) for i in range(triton.cdiv(Nq, blocks[0]))],
+                             device=q.device).repeat_interleave(blocks[0])[:Nq]
+        s = s.masked_fill(cols[None, :] < first[:, None], float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def pattern_mistakes(q, k, v, *, scale, q_offset, causal, window, rope, rope_base, slopes, blocks):
+    """{description: that mistake's O} for the patterns this case uses (lazy)."""
+    H, Hkv, Nq, D = q.shape[1], k.shape[1], q.shape[2], q.shape[3]
+    block_q, block_k = blocks
+    pattern = dict(scale=scale, q_offset=q_offset, causal=causal, window=window, rope=rope,
+                   rope_base=rope_base, slopes=slopes, blocks=blocks)
+
+    def wrong(**mistake):
+        return lambda: pattern_reference(q, k, v, mistake=mistake, **pattern)[0]
+    found = _Lazy()
+    if rope:
+        found["q and k were turned with lanes 2i and 2i + 1 paired (GPT-J's interleaved "
+              "convention): this lesson pairs lane i with lane i + D/2 (halves)"] = \
+            wrong(pairing="interleaved")
+        if q_offset:
+            found[f"the queries were turned as if they sat where the keys start (q_offset = "
+                  f"{q_offset} left out, or given to the keys too: RoPE only sees the difference): "
+                  "query i sits at q_offset + i, key j at j"] = wrong(q_positions_shift=q_offset)
+        found["q and k turned the other way: (x_i cos - x_{i+D/2} sin, x_{i+D/2} cos + x_i sin)"] = \
+            wrong(turn=-1.0)
+        if block_d(D) != D:
+            found[f"the RoPE frequencies came from BLOCK_D = {block_d(D)}: use HEAD_DIM = {D}"] = \
+                wrong(width=block_d(D))
+    if slopes is not None:
+        found["the ALiBi bias was added in natural units to base-2 scores: multiply the slope by "
+              "log2(e) too, as qk_scale is"] = wrong(bias_factor=LN2)
+        found["the ALiBi bias was scaled by sm_scale: it is added to the scaled scores, as it is"] = \
+            wrong(bias_factor=scale)
+        found["the ALiBi bias was added, not subtracted: keys further away get a penalty, "
+              "-slope * |distance|"] = wrong(bias_factor=-1.0)
+        if H != Hkv:
+            found["each query head used the slope of its K/V head (h // GROUP): ALiBi's slopes "
+                  "belong to the query heads, SLOPES[h]"] = \
+                wrong(head_map=torch.arange(H) // (H // Hkv))
+        found["the slopes went to the heads in reverse order: query head h takes SLOPES[h]"] = \
+            wrong(head_map=torch.arange(H - 1, -1, -1))
+        if q_offset:
+            found[f"the ALiBi distance left q_offset = {q_offset} out: distance = q_offset + i - j"] = \
+                wrong(bias_shift=q_offset)
+    if causal or window is not None:
+        if q_offset:
+            found[f"the causal mask left q_offset = {q_offset} out (query i saw keys j <= i): query i "
+                  "sits at q_offset + i and sees keys j <= q_offset + i"] = wrong(mask_shift=q_offset)
+        found["the causal mask was not applied (a window is causal too): a query sees no key after "
+              "its own position"] = \
+            lambda: pattern_reference(q, k, v, **(pattern | {"causal": False, "window": None}))[0]
+    if window is not None:
+        found[f"the window is one key too long (distance <= W): a query sees W = {window} keys, "
+              "itself included (0 <= distance < W)"] = wrong(window_extra=1)
+        found[f"the window is one key too short (distance < W - 1): a query sees W = {window} keys, "
+              "itself included"] = wrong(window_extra=-1)
+
+        def start_from(position_of_row):
+            return lambda i: max(0, position_of_row(i) - window + 1) // block_k * block_k
+        found["a key block that is partly inside the window was skipped: the loop must start at "
+              "the block holding key max(0, p - W + 1), p the position of the block's FIRST query"] = \
+            wrong(first_key=start_from(lambda i: q_offset + min(Nq, (i + 1) * block_q) - 1))
+        found["a key block that is partly inside the window was skipped: round the first key "
+              "max(0, p - W + 1) down to its block (// BLOCK_K * BLOCK_K), not up"] = wrong(
+            first_key=lambda i: triton.cdiv(max(0, q_offset + i * block_q - window + 1), block_k) * block_k)
+    return found
+
+
+def pattern_values(B, H, Hkv, Nq, Nk, D, dtype, *, seed, kind="random", layouts=("contiguous",) * 3):
+    """Guarded q [B, H, Nq, D] and k, v [B, Hkv, Nk, D] of module 05's kinds of values, laid
+    out as `layouts`."""
+    q, k, v = attention_values(B, H, Nq, Nk, D, dtype, seed=seed, kind=kind)
+    return tuple(in_layout(t.to(DEVICE, dtype), layout, seed=seed + 5 + i)
+                 for i, (t, layout) in enumerate(zip((q, k[:, :Hkv], v[:, :Hkv]), layouts)))
+
+
+def _pattern_text(q_offset, causal, window, rope, rope_base, slopes):
+    parts = ([f"q_offset={q_offset}"] if q_offset else []) + (["causal"] if causal and window is None else [])
+    parts += [f"window={window}"] if window is not None else []
+    parts += [f"rope{'' if rope_base == ROPE_BASE else f' base={rope_base:g}'}"] if rope else []
+    parts += ["alibi"] if slopes is not None else []
+    return ", ".join(parts)
+
+
+def _pattern_hint(q, k, *, q_offset, causal, window, rope, slopes):
+    H, Hkv = q.shape[1], k.shape[1]
+    return _hints(
+        q_offset and f"q_offset = {q_offset}: query i sits at position {q_offset} + i, key j at j.",
+        rope and "RoPE: q at the queries' positions, k at the keys' (from 0), halves pairing.",
+        slopes is not None and "ALiBi: -SLOPES[h] * |distance| is added to the scaled scores, in "
+        "base 2 like them (times log2 e)"
+        + (f"; h is the query head (GROUP = {H // Hkv})" if H != Hkv else "") + ".",
+        window is not None and f"window W = {window}: a query at p sees keys p - W + 1 ... p.",
+        causal and window is None and "causal: a query at p sees keys j <= p.",
+        _views_hint({"q": q, "k": k}))
+
+
+def _check_blocks_run(got, expected, name, window, fewer):
+    """BLOCKS_RUN against the expected counts: fewer=True fails only if a program ran fewer
+    blocks than it must, fewer=False only if it ran more."""
+    bad = (got < expected) if fewer else (got > expected)
+    if not bad.any():
+        return
+    b, h, i = (int(x) for x in bad.nonzero()[0])
+    seen, want = int(got[b, h, i]), int(expected[b, h, i])
+    if fewer:
+        fail(f"{name}: program (query block {i}, batch {b}, head {h}) stored {seen} in BLOCKS_RUN, "
+             f"but {want} key blocks hold a key its queries see. Did its loop skip a block that is "
+             "partly visible, or does the count miss some visited blocks (visited += 1 in every "
+             "iteration, stored once after the loop)?")
+    fail(f"{name}: program (query block {i}, batch {b}, head {h}) visited {seen} key blocks, but only "
+         f"{want} hold a key its queries see: the loop must skip the others, not just mask them"
+         + (" (start at the block holding key max(0, p - W + 1), stop after the one holding its "
+            "last query's position)" if window is not None else
+            " (stop after the block holding its last query's position)"))
+
+
+def _expected_blocks(B, H, Nq, Nk, blocks, *, q_offset, causal, window):
+    ranges = block_ranges(Nq, Nk, blocks[0], blocks[1], q_offset=q_offset, causal=causal, window=window)
+    counts = torch.tensor([stop - first for first, stop in ranges], dtype=torch.int32)
+    return counts.expand(B, H, len(ranges))
+
+
+def _check_pattern_result(out, lse, blocks_run, q, k, v, *, name, scale, blocks, pattern, hint, quiet):
+    expected_blocks = _expected_blocks(q.shape[0], q.shape[1], q.shape[2], k.shape[2], blocks,
+                                       q_offset=pattern["q_offset"], causal=pattern["causal"],
+                                       window=pattern["window"])
+    got_blocks = blocks_run.detach().to("cpu")
+    with hinted(hint):
+        _check_blocks_run(got_blocks, expected_blocks, name, pattern["window"], fewer=True)
+        expected, expected_lse = pattern_reference(q, k, v, scale=scale, **pattern)
+        mistakes = pattern_mistakes(q, k, v, scale=scale, blocks=blocks, **pattern)
+        assert_close(out, expected, name=name, dim_names=BHND, mistakes=mistakes, quiet=quiet)
+        assert_not_trivial(out, name=name)
+        atol, rtol = LSE_TOLERANCE
+        assert_close(lse, expected_lse, name=f"LSE of {name}", dim_names=BHN, atol=atol, rtol=rtol,
+                     quiet=True)
+    if out.dtype != q.dtype:
+        fail(f"{name}: O is {dtype_name(out.dtype)} but the inputs are {dtype_name(q.dtype)}")
+    _check_blocks_run(got_blocks, expected_blocks, name, pattern["window"], fewer=False)
+
+
+def _pattern(*, q_offset=0, causal=False, window=None, rope=False, rope_base=ROPE_BASE, slopes=None):
+    return dict(q_offset=q_offset, causal=causal or window is not None, window=window, rope=rope,
+                rope_base=rope_base, slopes=slopes)
+
+
+def case_pattern_kernel(kernel, q, k, v, *, sm_scale=None, blocks=(32, 32), out_layout="contiguous",
+                        kind="random", quiet=False, **options):
+    """Launch kernel on guarded q, k, v (and SLOPES) into a guarded O laid out as out_layout,
+    a guarded LSE [B, H, Nq] and BLOCKS_RUN [B, H, cdiv(Nq, BLOCK_Q)], on the grid
+    (cdiv(Nq, BLOCK_Q), B * H, 1). options: q_offset, causal, window, rope, rope_base, slopes."""
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    pattern = _pattern(**options)
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    block_q, block_k = blocks
+    name = (f"pattern_attention_kernel({dtype_name(q.dtype)}{'' if kind == 'random' else ' ' + kind}, "
+            f"q {tuple(q.shape)}, k/v {tuple(k.shape)}, {_pattern_text(**pattern) or 'no pattern'}, "
+            f"BLOCK_Q={block_q}, BLOCK_K={block_k}" + (f", sm_scale={sm_scale}" if sm_scale else "")
+            + ("" if out_layout == "contiguous" else f", O {out_layout}") + ")")
+    hint = _hints(_pattern_hint(q, k, q_offset=pattern["q_offset"], causal=pattern["causal"],
+                                window=pattern["window"], rope=pattern["rope"], slopes=pattern["slopes"]),
+                  _kind_hint(kind, q.dtype, Nk, D, scale),
+                  out_layout != "contiguous" and f"O is a {out_layout} view here: store through its strides.",
+                  D != block_d(D) and f"D = {D}: BLOCK_D = {block_d(D)}, lanes past HEAD_DIM masked.")
+    slopes = None if pattern["slopes"] is None else guarded_input(pattern["slopes"].to(DEVICE), margin=MARGIN)
+    n_blocks = triton.cdiv(Nq, block_q)
+    with hinted(hint), \
+            output_in_layout((B, H, Nq, D), q.dtype, out_layout, name=f"O of {name}") as out, \
+            guarded_output((B, H, Nq), F32, DEVICE, name=f"LSE of {name}", margin=MARGIN) as lse, \
+            guarded_output((B, H, n_blocks), torch.int32, DEVICE, name=f"BLOCKS_RUN of {name}",
+                           margin=MARGIN) as blocks_run:
+        kernel[(n_blocks, B * H, 1)](
+            q, k, v, out, lse, slopes, blocks_run,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            H, Nq, Nk, scale * LOG2E, pattern["q_offset"],
+            pattern["window"] or pattern["q_offset"] + Nq, pattern["rope_base"],
+            GROUP=H // Hkv, HEAD_DIM=D, BLOCK_D=block_d(D), BLOCK_Q=block_q, BLOCK_K=block_k,
+            CAUSAL=pattern["causal"], ROPE=pattern["rope"], ALIBI=slopes is not None,
+            DOT_PRECISION="ieee" if q.dtype == F32 else "tf32")
+    _check_pattern_result(out, lse, blocks_run, q, k, v, name=name, scale=scale, blocks=blocks,
+                          pattern=pattern, hint=hint, quiet=quiet)
+
+
+def case_pattern_kernel_random(kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, kind="random",
+                               layouts=("contiguous",) * 3, alibi=False, **kwargs):
+    q, k, v = pattern_values(B, H, Hkv, Nq, Nk, D, dtype, seed=seed, kind=kind, layouts=layouts)
+    slopes = torch.tensor(alibi_reference(H), dtype=F32) if alibi else None
+    case_pattern_kernel(kernel, q, k, v, kind=kind, slopes=slopes, **kwargs)
+
+
+def check_pattern_attention_kernel(pattern_attention_kernel):
+    def case(*args, **kwargs):
+        case_pattern_kernel_random(pattern_attention_kernel, *args, **kwargs)
+    case(1, 2, 2, 40, 40, 32, F32, seed=1, blocks=(16, 16))                           # no pattern
+    case(1, 2, 1, 20, 60, 40, F32, seed=2, rope=True, q_offset=40, blocks=(16, 32))   # RoPE, KV cache
+    case(1, 4, 2, 37, 37, 16, F16, seed=3, alibi=True, causal=True, blocks=(16, 16))  # ALiBi, grouped
+    case(1, 2, 2, 64, 64, 16, F32, seed=4, window=20, blocks=(16, 16))                # sliding window
+    case(2, 2, 1, 30, 45, 24, F16, seed=5, window=7, q_offset=15, rope=True, alibi=True, blocks=(16, 16),
+         layouts=("bnhd", "transposed", "sliced"), out_layout="bnhd")               # all of them, views
+    case(1, 2, 2, 33, 33, 16, F32, seed=6, window=1, blocks=(16, 16), out_layout="sliced")  # W = 1
+    case(1, 2, 2, 40, 40, 64, F32, seed=7, kind="extreme", alibi=True, window=50)     # W > N
+    case(1, 1, 1, 20, 50, 16, F16, seed=8, kind="big_v", causal=True, q_offset=30, blocks=(16, 16))
+    case(1, 3, 3, 20, 40, 16, F16, seed=9, kind="big_v_negative", alibi=True, blocks=(16, 32),
+         layouts=("contiguous", "bnhd", "contiguous"))
+    if not INTERPRET:
+        case(2, 8, 2, 500, 700, 128, BF16, seed=10, rope=True, alibi=True, window=256, q_offset=200,
+             blocks=(64, 64), layouts=("bnhd",) * 3)
+        case(1, 4, 4, 300, 300, 64, F16, seed=11, rope=True, causal=True, blocks=(64, 32))
+
+
+# ---------------------------------------------------------------------------------------
+# 7. pattern_attention (the wrapper)
+
+FORBID = ("attention", "softmax", "matmul")
+
+
+def bad_pattern_options(fn):
+    x = torch.ones(1, 2, 8, 16, device=DEVICE)
+    odd = torch.ones(1, 2, 8, 17, device=DEVICE)
+    return [("RoPE with an odd head dim (17)", lambda: fn(odd, odd, odd, rope=True)),
+            ("window=0", lambda: fn(x, x, x, window=0)),
+            ("q_offset=-1", lambda: fn(x, x, x, q_offset=-1)),
+            ("causal with q_offset + Nq > Nk (queries past the last key)",
+             lambda: fn(x, x, x, causal=True, q_offset=1)),
+            ("alibi_slopes with one slope for 2 heads",
+             lambda: fn(x, x, x, alibi_slopes=torch.ones(1, device=DEVICE))),
+            ("float64 alibi_slopes", lambda: fn(x, x, x, alibi_slopes=torch.ones(2, device=DEVICE).double()))]
+
+
+def case_pattern_wrapper(fn, kernel, q, k, v, *, sm_scale=None, blocks=None, kind="random",
+                         quiet=False, **options):
+    """options: q_offset, causal, window, rope, rope_base, slopes (as the kernel case)."""
+    B, H, Nq, D = q.shape
+    pattern = _pattern(**options)
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    kwargs = {key: value for key, value in (("q_offset", options.get("q_offset")),
+                                             ("causal", options.get("causal")),
+                                             ("window", options.get("window")),
+                                             ("rope", options.get("rope")),
+                                             ("rope_base", options.get("rope_base")),
+                                             ("sm_scale", sm_scale)) if value is not None}
+    if pattern["slopes"] is not None:
+        kwargs["alibi_slopes"] = guarded_input(pattern["slopes"].to(DEVICE), margin=MARGIN)
+    if blocks:
+        kwargs |= {"block_q": blocks[0], "block_k": blocks[1]}
+    name = (f"pattern_attention({dtype_name(q.dtype)}{'' if kind == 'random' else ' ' + kind}, "
+            f"q {tuple(q.shape)}, k/v {tuple(k.shape)}, "
+            + ", ".join(f"{key}={value if not isinstance(value, torch.Tensor) else 'alibi_slopes(H)'}"
+                        for key, value in kwargs.items()) + ")")
+    launched = {}
+    check_grid = _launch_check(name, B, H, Nq, D, blocks)
+
+    def before_launch(launch, count):
+        check_grid(launch, count)
+        launched["blocks"] = (launch.get("BLOCK_Q"), launch.get("BLOCK_K"))
+    result, report = watched_call(fn, q, k, v, kernel=kernel, forbid=FORBID, before_launch=before_launch,
+                                  **kwargs)
+    kernel_name = getattr(kernel, "__name__", "the kernel")
+    if report["launches"] != 1:
+        fail(f"{name}: {kernel_name} was launched {report['launches']} times; the wrapper must "
+             "launch it exactly once")
+    if not isinstance(result, (tuple, list)) or len(result) != 3:
+        fail(f"{name} should return (o, lse, blocks_run), got {type(result).__name__}")
+    out, lse, blocks_run = result
+    n_blocks = triton.cdiv(Nq, launched["blocks"][0])
+    for label, t, shape, dtype in (("lse", lse, (B, H, Nq), F32), ("blocks_run", blocks_run, (B, H, n_blocks),
+                                                                    torch.int32)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
+            fail(f"{name}: {label} should be a {dtype_name(dtype)} tensor of shape {list(shape)}, got "
+                 + (f"{dtype_name(t.dtype)} {tuple(t.shape)}" if isinstance(t, torch.Tensor)
+                    else type(t).__name__))
+    if not isinstance(out, torch.Tensor):
+        fail(f"{name} should give O as a torch.Tensor, got {type(out).__name__}")
+    hint = _hints(_pattern_hint(q, k, q_offset=pattern["q_offset"], causal=pattern["causal"],
+                                window=pattern["window"], rope=pattern["rope"], slopes=pattern["slopes"]),
+                  _kind_hint(kind, q.dtype, k.shape[2], D, scale),
+                  "every option reaches the kernel: q_offset, the window (for plain causal, one "
+                  "longer than any distance: q_offset + Nq), ROPE and rope_base, ALIBI and the slopes.")
+    _check_pattern_result(out, lse, blocks_run, q, k, v, name=name, scale=scale,
+                          blocks=launched["blocks"], pattern=pattern, hint=hint, quiet=quiet)
+
+
+def case_pattern_wrapper_random(fn, kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, kind="random",
+                                layouts=("contiguous",) * 3, alibi=False, **kwargs):
+    q, k, v = pattern_values(B, H, Hkv, Nq, Nk, D, dtype, seed=seed, kind=kind, layouts=layouts)
+    slopes = torch.tensor(alibi_reference(H), dtype=F32) if alibi else None
+    case_pattern_wrapper(fn, kernel, q, k, v, kind=kind, slopes=slopes, **kwargs)
+
+
+def check_pattern_attention(pattern_attention, pattern_attention_kernel):
+    def case(*args, **kwargs):
+        case_pattern_wrapper_random(pattern_attention, pattern_attention_kernel, *args, **kwargs)
+    case(1, 2, 2, 40, 70, 32, F32, seed=1, rope=True, q_offset=30)          # default blocks
+    case(1, 4, 2, 45, 45, 24, F16, seed=2, alibi=True, window=12, blocks=(16, 16),
+         layouts=("bnhd", "sliced", "transposed"))
+    case(1, 2, 1, 30, 50, 16, F32, seed=3, causal=True, q_offset=20, sm_scale=0.3, blocks=(16, 32),
+         rope=True, rope_base=500.0)
+    case(1, 2, 2, 33, 33, 16, F16, seed=4, kind="extreme", window=1, blocks=(16, 16))
+    case(1, 1, 1, 20, 40, 16, F32, seed=5, kind="big_v", alibi=True, blocks=(16, 16))
+    case(1, 1, 1, 20, 40, 16, F16, seed=6, kind="big_v_negative", causal=True, q_offset=20,
+         blocks=(16, 16))
+    if not INTERPRET:
+        case(2, 8, 2, 777, 1025, 128, BF16, seed=7, rope=True, alibi=True, window=300, q_offset=248,
+             layouts=("bnhd",) * 3)
+    check_rejects(bad_inputs(pattern_attention) + bad_pattern_options(pattern_attention),
+                  name="pattern_attention")
+    print("ok  pattern_attention: every option reaches one launch; bad inputs raise")
+
+
+# ---------------------------------------------------------------------------------------
+# The kernel compiled for an H100 without running it
+
+def compile_kernel_for_gpu(pattern_attention_kernel, capability=90):
+    """Compile the kernel with every pattern on, fp16, the GPU's blocks."""
+    signature = {name: "*fp16" for name in ("Q", "K", "V", "O")} | {"LSE": "*fp32", "SLOPES": "*fp32",
+                                                                    "BLOCKS_RUN": "*i32"}
+    signature |= {f"stride_{t}{d}": "i32" for t in "qkvo" for d in "bhnd"}
+    signature |= {"H": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "q_offset": "i32",
+                  "window": "i32", "rope_base": "fp32"}
+    constants = {"GROUP": 2, "HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_Q": 128, "BLOCK_K": 64,
+                 "CAUSAL": True, "ROPE": True, "ALIBI": True, "DOT_PRECISION": "tf32"}
+    compile_for_gpu(pattern_attention_kernel, signature | dict.fromkeys(constants, "constexpr"),
+                    constants, capability)

@@ -1,0 +1,608 @@
+"""Visible checks of module 06 (causal and multi-head variants). Hidden tests reuse the
+`case_*` functions with inputs the learner never sees: the same kinds of input (dtypes,
+memory layouts, value ranges, head groupings, causal or not, Nq above, equal to or below
+Nk, K/V shorter than one block), at other sizes and seeds.
+
+The causal mask of this module is bottom-right aligned: query i sees keys
+j <= i + (Nk - Nq); a query that sees no key has O = 0 and LSE = -inf. K/V head
+h // (H // Hkv) serves query head h. Inputs, output layouts, guards and the classic
+mistakes of the FlashAttention loop come from module 05's checks.
+"""
+import functools
+import math
+
+import torch
+import triton
+
+from course import DEVICE, INTERPRET, pick
+from course.checks import flash_forward as ff
+from course.checks.flash_forward import (BF16, F16, F32, LOG2E, attention_values, block_d,
+                                         output_in_layout)
+from course.gpu_compile import compile_for_gpu
+from course.testing import (assert_close, assert_not_trivial, check_choice, check_rejects,  # noqa: F401
+                            dtype_name, fail, guarded_input, hinted, watched_call)
+
+BHND, BHN = ff.BHND, ff.BHN
+# Memory layouts of inputs: module 05's, plus "padded": every head's keys followed by NaN
+# (a kernel that reads keys past Nk gets NaN, even with Nk shorter than one block).
+LAYOUTS = ff.LAYOUTS + ("padded",)
+OUT_LAYOUTS = ff.OUT_LAYOUTS
+KEY_GAP = pick(32, 128)  # NaN rows after each head's keys: at least the largest BLOCK_K
+
+
+# ---------------------------------------------------------------------------------------
+# Which key blocks a query block visits
+
+def _sees(shift):
+    """The causal rule as text: "j <= i + 60", "j <= i - 30", "j <= i"."""
+    return f"j <= i {'+' if shift > 0 else '-'} {abs(shift)}" if shift else "j <= i"
+
+
+def _visible_counts(rows, n_k, causal, shift):
+    """How many keys each of the first `rows` query rows sees: all n_k, or (causal) keys
+    j <= i + shift, kept between 0 and n_k."""
+    if not causal:
+        return [n_k] * rows
+    return [min(max(i + shift + 1, 0), n_k) for i in range(rows)]
+
+
+def _ranges(n_q, n_k, block_q, block_k, causal, *, shift=None, full_by_last=False,
+            round_full=True, round_masked=False, strict=False):
+    """[(full_end, masked_end)] of every query block, from what its rows see (the padding
+    rows of a ragged last block included: bottom-right, they see no more than its last real
+    row): whole blocks up to the least any row sees run unmasked, keys up to the most any
+    row sees run masked. The switches compute classic mistakes."""
+    shift = n_k - n_q if shift is None else shift
+    padded = triton.cdiv(n_q, block_q) * block_q
+    counts = _visible_counts(padded, n_k, causal, shift - 1 if strict else shift)
+    result = []
+    for start in range(0, n_q, block_q):
+        rows = counts[start:start + block_q]
+        least, most = (max(rows), max(rows)) if full_by_last else (min(rows), max(rows))
+        full = (least // block_k) * block_k if round_full else least
+        masked = triton.cdiv(most, block_k) * block_k if round_masked else most
+        result.append((full, masked))
+    return result
+
+
+def _range_mistakes(n_q, n_k, block_q, block_k, causal):
+    """{description: [(full_end, masked_end)] of every query block} for classic mistakes."""
+    found = {}
+    args = (n_q, n_k, block_q, block_k, causal)
+    if causal:
+        if n_q != n_k:
+            found["this is the top-left alignment (row i sees keys j <= i); this module's is "
+                  "bottom-right: row i sees keys j <= i + (n_k - n_q)"] = _ranges(*args, shift=0)
+        found["row i sees keys j <= i + shift, itself included: that is i + shift + 1 keys, not "
+              "i + shift"] = _ranges(*args, strict=True)
+        found["masked_end counts the keys of the row just before the block (first_row + shift): "
+              "the block's last row is first_row + block_q - 1, which sees first_row + block_q + "
+              "shift keys"] = [(full, min(max(start + n_k - n_q, 0), n_k))
+                               for (full, _), start in zip(_ranges(*args), range(0, n_q, block_q))]
+        found["full_end was taken from the last row: a block that the first rows may not see "
+              "whole would run without its mask. Whole blocks are those the FIRST row sees"
+              ] = _ranges(*args, full_by_last=True)
+        unclamped = [(((start + n_k - n_q + 1) // block_k) * block_k, start + block_q + n_k - n_q)
+                     for start in range(0, n_q, block_q)]
+        found["the counts were not kept between 0 and n_k: a row sees at least 0 keys (a block "
+              "whose rows see none gets (0, 0)) and at most n_k"] = unclamped
+    else:
+        found["not causal: every row sees all n_k keys, so masked_end is n_k"] = \
+            [((n_k // block_k) * block_k, (n_k // block_k) * block_k)] * triton.cdiv(n_q, block_q)
+    found["full_end must be a whole number of blocks (rounded down): a partial block needs its "
+          "mask"] = _ranges(*args, round_full=False)
+    found["masked_end is the number of keys the last row sees, not rounded up to a whole block "
+          "(the masks handle the rest of the block)"] = _ranges(*args, round_masked=True)
+    found["the last, ragged key block ran without a mask: full_end counts whole blocks only "
+          "(n_k // block_k * block_k)"] = [(masked, masked) for _, masked in _ranges(*args)]
+    return found
+
+
+def case_kv_block_range(fn, n_q, n_k, block_q, block_k, causal):
+    want = _ranges(n_q, n_k, block_q, block_k, causal)
+    got = []
+    for q_block in range(len(want)):
+        value = fn(q_block, n_q, n_k, block_q, block_k, causal)
+        if not isinstance(value, (tuple, list)) or len(value) != 2 or \
+                not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+            fail(f"kv_block_range(q_block={q_block}, ...) should return a pair of ints "
+                 f"(full_end, masked_end), got {value!r}")
+        got.append(tuple(value))
+    if got == want:
+        return
+    first = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    name = (f"kv_block_range(q_block={first}, n_q={n_q}, n_k={n_k}, block_q={block_q}, "
+            f"block_k={block_k}, causal={causal})")
+    mistake = next((d for d, wrong in _range_mistakes(n_q, n_k, block_q, block_k, causal).items()
+                    if got == [tuple(w) for w in wrong]), None)
+    full, masked = got[first]
+    if mistake:
+        why = f"this matches a classic mistake: {mistake}"
+    elif not 0 <= full <= masked <= n_k:
+        why = ("full_end and masked_end lie between 0 and n_k, full_end first: a row sees at "
+               "least 0 keys and at most n_k (a block whose rows see no key gets (0, 0))")
+    elif full % block_k:
+        why = "full_end must be a whole number of blocks (a multiple of block_k)"
+    else:
+        why = ("full_end: whole blocks that the block's first row sees; masked_end: the keys "
+               "its last row sees (n_k when not causal)")
+    rows = f"rows {first * block_q} to {min((first + 1) * block_q, n_q) - 1}"
+    fail(f"{name} is {got[first]}, expected {want[first]} ({rows}, which see "
+         + (f"keys {_sees(n_k - n_q)}" if causal else "every key") + f").\n  {why}")
+
+
+def check_kv_block_range(kv_block_range):
+    for args in [(64, 64, 32, 32, True), (64, 64, 32, 32, False), (70, 45, 16, 16, False),
+                 (40, 100, 16, 32, True), (100, 30, 32, 16, True), (50, 7, 32, 32, False),
+                 (1, 60, 16, 16, True), (97, 97, 32, 16, True), (33, 33, 16, 32, True)]:
+        case_kv_block_range(kv_block_range, *args)
+    print("ok  kv_block_range: whole blocks first, masked ones next, the rest skipped "
+          "(square, Nq < Nk, Nq > Nk, short K/V, ragged, causal and not)")
+
+
+def _counts(n_q, n_k, block_q, block_k, causal):
+    """(unmasked, masked, skipped) over every (query block, key block) pair, block by block."""
+    counts = [0, 0, 0]
+    for full, masked in _ranges(n_q, n_k, block_q, block_k, causal):
+        for start in range(0, n_k, block_k):
+            kind = 0 if start + block_k <= full else 1 if start < masked else 2
+            counts[kind] += 1
+    return tuple(counts)
+
+
+def case_block_counts(fn, n_q, n_k, block_q, block_k, causal):
+    name = f"block_counts({n_q}, {n_k}, {block_q}, {block_k}, causal={causal})"
+    got = fn(n_q, n_k, block_q, block_k, causal)
+    want = _counts(n_q, n_k, block_q, block_k, causal)
+    if not isinstance(got, (tuple, list)) or len(got) != 3 or \
+            not all(isinstance(x, int) and not isinstance(x, bool) for x in got):
+        fail(f"{name} should return three ints (unmasked, masked, skipped), got {got!r}")
+    got = tuple(got)
+    if got == want:
+        return
+    pairs = triton.cdiv(n_q, block_q) * triton.cdiv(n_k, block_k)
+    why = ""
+    if sum(got) != pairs:
+        why = (f" The three must add up to every pair: cdiv(n_q, block_q) x cdiv(n_k, block_k) "
+               f"= {pairs}, yours add up to {sum(got)}.")
+    elif got[1] < want[1]:
+        why = (" A masked range that ends inside a block (a ragged last block, or the diagonal) "
+               "still visits that block: count cdiv(masked_end, block_k) blocks, not "
+               "masked_end // block_k.")
+    fail(f"{name} is {got}, expected {want}.{why} Count, for every query block, the key blocks "
+         "before full_end (unmasked) and those from there to masked_end (masked), with "
+         "kv_block_range.")
+
+
+def check_block_counts(block_counts):
+    for args in [(64, 64, 32, 32, True), (64, 64, 32, 32, False), (97, 97, 32, 16, True),
+                 (100, 30, 32, 16, True), (40, 100, 16, 32, True), (50, 7, 32, 32, False),
+                 (4096, 4096, 128, 64, True)]:
+        case_block_counts(block_counts, *args)
+    print("ok  block_counts: unmasked, masked and skipped pairs of blocks")
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs
+
+def in_layout(x, layout, *, seed=0):
+    """x [B, H, N, D] in guarded memory laid out as `layout`: module 05's layouts
+    (ff.in_layout), or "padded": every head's N rows followed by KEY_GAP rows of NaN."""
+    if layout == "padded":
+        return guarded_input(x, gaps=(0, 0, KEY_GAP, 0), margin=ff.MARGIN)
+    return ff.in_layout(x, layout, seed=seed)
+
+
+def variant_inputs(B, H, Hkv, Nq, Nk, D, dtype, *, seed, kind="random", layouts=("contiguous",) * 3):
+    """Guarded q [B, H, Nq, D], k and v [B, Hkv, Nk, D] of `kind` (module 05's
+    attention_values) in `dtype` on DEVICE, laid out as `layouts` (see in_layout)."""
+    q, k, v = attention_values(B, H, Nq, Nk, D, dtype, seed=seed, kind=kind)
+    values = (q, k[:, :Hkv], v[:, :Hkv])
+    return tuple(in_layout(t.to(DEVICE, dtype), layout, seed=seed + 5 + i)
+                 for i, (t, layout) in enumerate(zip(values, layouts)))
+
+
+def _gapped(x):
+    """True when x is a view with NaN rows after each head's keys (the "padded" layout)."""
+    B, H, N, D = x.shape
+    return x.stride(2) == D and x.stride(3) == 1 and x.stride(1) == (N + KEY_GAP) * D
+
+
+# ---------------------------------------------------------------------------------------
+# The reference, and classic mistakes computed the same way (float64)
+
+def _f64(t):
+    return t.detach().to(DEVICE, torch.float64)
+
+
+def bottom_right(n_q, n_k, shift=None):
+    """[n_q, n_k] bool, True where query i sees key j: j <= i + shift (n_k - n_q unless given)."""
+    shift = n_k - n_q if shift is None else shift
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=DEVICE).tril(shift)
+
+
+def kv_heads(H, Hkv):
+    """The K/V head of every query head: h // (H // Hkv)."""
+    return [h // (H // Hkv) for h in range(H)]
+
+
+def masked_attention(q, k, v, scale, visible=None, heads=None):
+    """(O, LSE) in float64: query head h against K/V head heads[h] (default kv_heads),
+    keys where visible [Nq, Nk] is True (default: all). A row that sees no key: O = 0,
+    LSE = -inf."""
+    H, Hkv = q.shape[1], k.shape[1]
+    heads = kv_heads(H, Hkv) if heads is None else heads
+    q, k, v = _f64(q), _f64(k)[:, heads], _f64(v)[:, heads]
+    s = q @ k.transpose(-1, -2) * scale
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v, torch.logsumexp(s, -1)
+
+
+def reference(q, k, v, causal=False, scale=None):
+    """(O, LSE) in float64 for this module's attention: GQA heads, bottom-right causal."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return masked_attention(q, k, v, scale, bottom_right(q.shape[2], k.shape[2]) if causal else None)
+
+
+def _seen_by_blocks(n_q, n_k, block_q, ranges, block_k, mask_causal=True):
+    """[n_q, n_k] bool: what each row sees when query block i walks keys [0, full) unmasked
+    and whole blocks from full to masked with masks (the causal one only if mask_causal),
+    ranges[i] = (full, masked)."""
+    allowed = bottom_right(n_q, n_k)
+    seen = torch.zeros(n_q, n_k, dtype=torch.bool, device=DEVICE)
+    for i, (full, masked) in enumerate(ranges):
+        rows = slice(i * block_q, (i + 1) * block_q)
+        stop = min(n_k, full + triton.cdiv(max(masked - full, 0), block_k) * block_k)
+        seen[rows, :full] = True
+        seen[rows, full:stop] = allowed[rows, full:stop] if mask_causal else True
+    return seen
+
+
+_GQA = ("the GROUP = H // Hkv consecutive query heads j·GROUP ... j·GROUP + GROUP - 1 share K/V "
+        "head j: query head h reads K/V head h // GROUP")
+
+
+def variant_mistakes(q, k, v, blocks, scale, causal):
+    """{description: function giving that mistake's O} for this module's kernel."""
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    block_q, block_k = blocks
+    shift = Nk - Nq
+
+    def seeing(visible=None, heads=None, qkv=(q, k, v)):
+        return lambda: masked_attention(*qkv, scale, visible, heads)[0]
+
+    found = ff._Lazy()
+    right_mask = bottom_right(Nq, Nk) if causal else None
+    if H != Hkv:
+        found[f"query head h read K/V head h % Hkv: {_GQA}"] = \
+            seeing(right_mask, [h % Hkv for h in range(H)])
+    if H // Hkv != Hkv and all(h // Hkv < Hkv for h in range(H)):
+        found[f"query head h read K/V head h // Hkv: GROUP is H // Hkv = {H // Hkv} query "
+              f"head(s) per K/V head, not Hkv = {Hkv}"] = seeing(right_mask, [h // Hkv for h in range(H)])
+    ranges = _ranges(Nq, Nk, block_q, block_k, causal)
+    if causal:
+        if Nq != Nk:
+            found["the causal mask is aligned top-left (row i sees keys j <= i): this module's "
+                  f"is bottom-right, row i sees keys j <= i + Nk - Nq, here {_sees(shift)}"] = \
+                seeing(bottom_right(Nq, Nk, 0))
+        found["the causal mask was not applied: row i sees keys j <= i + Nk - Nq only"] = seeing()
+        found["the causal mask also hid the diagonal: row i sees key i + Nk - Nq too"] = \
+            seeing(bottom_right(Nq, Nk, shift - 1))
+        found["the diagonal block(s) ran without the causal mask: keys the row must not see "
+              "counted. In the masked phase, hide keys j > row + (N_K - N_Q) as well as keys "
+              "j >= N_K"] = seeing(_seen_by_blocks(Nq, Nk, block_q, ranges, block_k, False))
+        found["the loop stopped one key block early: the last block a query block needs (the "
+              "one its last row's keys end in) was skipped. Its last row sees "
+              "q0 + BLOCK_Q + N_K - N_Q keys"] = \
+            seeing(_seen_by_blocks(Nq, Nk, block_q, [(f, m - block_k) for f, m in ranges], block_k))
+        found["the diagonal block(s) ran in the unmasked phase: whole blocks are those the "
+              "block's FIRST row sees (full_end from q0 + N_K - N_Q + 1 keys, rounded down)"] = \
+            seeing(_seen_by_blocks(Nq, Nk, block_q, [((m // block_k) * block_k, m) for _, m in ranges],
+                                   block_k))
+        if Nq > Nk:
+            def empty_rows_nan():
+                out = reference(q, k, v, causal, scale)[0].clone()
+                out[:, :, :Nq - Nk] = float("nan")
+                return out
+            found[f"the first Nq - Nk = {Nq - Nk} rows see no key, and came out NaN (0 / 0): "
+                  "their O must be 0 (divide by 1 where l = 0) and their LSE -inf"] = empty_rows_nan
+    else:
+        found["a causal mask was applied, but this call is not causal"] = seeing(bottom_right(Nq, Nk))
+    for which, x, count in (("q", q, H), ("k", k, Hkv), ("v", v, Hkv)):
+        if B == count and B > 1:
+            swapped = {"q": q, "k": k, "v": v, which: x.transpose(0, 1)}
+            found[f"{which}'s batch and head strides were swapped: batch b, head h lives at "
+                  f"b * stride_{which}b + h * stride_{which}h"] = \
+                seeing(right_mask, qkv=(swapped["q"], swapped["k"], swapped["v"]))
+    if B == H and B > 1:
+        found["O's batch and head strides were swapped: store O[b, h] at b * stride_ob + "
+              "h * stride_oh"] = lambda: reference(q, k, v, causal, scale)[0].transpose(0, 1)
+    if not causal or Nq == Nk:  # module 05's mistakes, on K/V given every query head
+        heads = kv_heads(H, Hkv)
+        found.update(ff.kernel_mistakes(q, _f64(k)[:, heads], _f64(v)[:, heads], block_q, block_k,
+                                        scale, causal))
+    return found
+
+
+def _lse_mistakes(q, k, scale, causal):
+    Nq, Nk = q.shape[2], k.shape[2]
+    found = ff._Lazy()
+    if causal and Nq > Nk:
+        def empty_rows(value):
+            def wrong():
+                lse = reference(q, k, k, causal, scale)[1].clone()
+                lse[:, :, :Nq - Nk] = value
+                return lse
+            return wrong
+        found["the rows that see no key must get LSE = -inf (the log of an empty sum, what "
+              "torch.logsumexp gives), not +inf"] = empty_rows(float("inf"))
+        found["the rows that see no key must get LSE = -inf (the log of an empty sum), not 0"] = \
+            empty_rows(0.0)
+    if not causal or Nq == Nk:
+        heads = kv_heads(q.shape[1], k.shape[1])
+        found.update(ff.lse_mistakes(q, _f64(k)[:, heads], scale, causal))
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# Comparing a result
+
+def _name(fn_name, q, k, v, *, causal, kind, extra=""):
+    H, Hkv = q.shape[1], k.shape[1]
+    heads = "" if H == Hkv else f", {'MQA' if Hkv == 1 else 'GQA'} {H} query heads on {Hkv} K/V"
+    return ff._name(fn_name, q, k, v, causal=causal, kind=kind, extra=heads + extra)
+
+
+def _hint(q, k, v, causal, scale, kind, blocks):
+    H, Nq, D = q.shape[1:]
+    Hkv, Nk = k.shape[1], k.shape[2]
+    block_q, block_k = blocks
+    values = ff._kind_hint(kind, q.dtype, Nk, D, scale)
+    return ff._hints(
+        values and values + ".",
+        H != Hkv and f"K and V have {Hkv} head(s) for {H} query heads here: {_GQA}.",
+        causal and Nq != Nk and f"Nq = {Nq}, Nk = {Nk}: bottom-right, row i sees keys "
+                                f"{_sees(Nk - Nq)}"
+                                + (f", so rows 0 to {Nq - Nk - 1} see none (O = 0, LSE = -inf)."
+                                   if Nq > Nk else "."),
+        Nk < block_k and f"K and V hold {Nk} keys, fewer than one block of {block_k}: no key "
+                         "block is whole, and no key past N_K may be loaded.",
+        block_q != block_k and f"The blocks differ here (BLOCK_Q={block_q}, BLOCK_K={block_k}).",
+        ff._views_hint({"q": q, "k": k, "v": v}))
+
+
+def _check_result(out, lse, q, k, v, *, name, causal, scale, blocks, kind, hint, quiet):
+    """Compare O (and LSE, unless None) with the float64 reference, naming mistakes."""
+    expected, expected_lse = reference(q, k, v, causal, scale)
+    if not isinstance(out, torch.Tensor):
+        fail(f"{name} should give O as a torch.Tensor, got {type(out).__name__}")
+    Nq, Nk = q.shape[2], k.shape[2]
+    sees_keys = torch.ones(Nq, dtype=torch.bool)
+    if causal and Nq > Nk:
+        sees_keys[:Nq - Nk] = False
+    if tuple(out.shape) == tuple(expected.shape) and (_gapped(k) or _gapped(v)) and \
+            bool(torch.isnan(out.detach().cpu()[:, :, sees_keys]).any()):
+        fail(f"{name}: O has NaN. Here each head's {Nk} keys are followed by NaN in memory, so "
+             "your kernel read K or V past the end of the keys: load keys only under a mask "
+             "(cols < N_K), and let the unmasked phase cover whole blocks only, "
+             "(N_K // BLOCK_K) * BLOCK_K keys" + (f"\n  hint: {hint}" if hint else ""))
+    assert_close(out, expected, name=name, dim_names=BHND, hint=hint, quiet=quiet,
+                 mistakes=variant_mistakes(q, k, v, blocks, scale, causal))
+    assert_not_trivial(out, name=name)
+    if out.dtype != q.dtype:
+        fail(f"{name}: O is {dtype_name(out.dtype)} but the inputs are {dtype_name(q.dtype)}: "
+             "keep the statistics and the accumulator in fp32, and give O the inputs' dtype")
+    if lse is not None:
+        atol, rtol = ff.LSE_TOLERANCE
+        assert_close(lse, expected_lse, name=f"LSE of {name}", dim_names=BHN, atol=atol, rtol=rtol,
+                     mistakes=_lse_mistakes(q, k, scale, causal), quiet=True,
+                     hint="LSE[row] = log(sum over the keys the row sees of exp(S * sm_scale)): "
+                          "(m + log2 l) * ln 2, and -inf for a row that sees no key")
+
+
+def _launch_failed(error, name, hint):
+    """An out-of-bounds access stopped by course.bounds: its sentence, with the hints."""
+    text = str(error.__cause__ or error)
+    if "outside every tensor" not in text:
+        raise error
+    fail(f"{name}: {text}" + (f"\n  hint: {hint}" if hint else ""))
+
+
+# ---------------------------------------------------------------------------------------
+# attention_kernel (launched directly on guarded buffers)
+
+def expected_steps(n_q, n_k, block_q, block_k, causal):
+    """[(unmasked, masked)] key blocks each query block's two loops run."""
+    return [(full // block_k, triton.cdiv(max(masked - full, 0), block_k))
+            for full, masked in _ranges(n_q, n_k, block_q, block_k, causal)]
+
+
+def _check_steps(steps, n_q, n_k, blocks, causal, name):
+    """STEPS[pair, i] = (unmasked, masked) blocks run by program (i, pair): the two phases
+    of kv_block_range, whatever the (batch, head)."""
+    want = expected_steps(n_q, n_k, *blocks, causal)
+    got = steps.detach().cpu().tolist()
+    for pair, row in enumerate(got):
+        for i, (ran, wanted) in enumerate(zip(map(tuple, row), want)):
+            if ran == wanted:
+                continue
+            key_blocks = triton.cdiv(n_k, blocks[1])
+            if ran == (0, sum(wanted)) and wanted[0]:
+                why = ("every block ran with masks: the blocks that every row of the query block "
+                       "sees whole, before full_end, need none: run them in the unmasked phase")
+            elif sum(ran) > sum(wanted) and ran[0] <= wanted[0]:
+                why = (f"{sum(ran) - sum(wanted)} block(s) that no row of the query block needs "
+                       "ran anyway (masked out entirely): the masked phase stops at masked_end, "
+                       "the keys its last row sees; every later key block is skipped")
+            elif ran[0] > wanted[0]:
+                why = ("a block that some row must not see whole ran in the unmasked phase: it "
+                       "covers whole blocks the FIRST row sees, full_end")
+            else:
+                why = ("count the blocks each loop runs (steps += 1 in the loop) and store them "
+                       "at STEPS + (pid_bh * num_programs(0) + pid_q) * 2 (+ 1 for the masked "
+                       "ones)")
+            fail(f"{name}: program ({i}, {pair}) ran {ran[0]} key block(s) unmasked and {ran[1]} "
+                 f"masked (of {key_blocks}); expected {wanted[0]} and {wanted[1]}, as "
+                 f"kv_block_range({i}, ...) = {_ranges(n_q, n_k, *blocks, causal)[i]} says. {why}")
+
+
+def case_kernel(kernel, q, k, v, *, causal=False, sm_scale=None, blocks=(32, 32),
+                out_layout="contiguous", kind="random", quiet=False):
+    """Launch kernel on q, k, v into a guarded O laid out as out_layout, a guarded LSE
+    [B, H, Nq] and a guarded STEPS [B * H, cdiv(Nq, BLOCK_Q), 2], on the grid
+    (cdiv(Nq, BLOCK_Q), B * H, 1), with GROUP = H // Hkv and COUNT_STEPS."""
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    block_q, block_k = blocks
+    name = _name("attention_kernel", q, k, v, causal=causal, kind=kind,
+                 extra=f", BLOCK_Q={block_q}, BLOCK_K={block_k}"
+                       + (f", sm_scale={sm_scale}" if sm_scale is not None else "")
+                       + ("" if out_layout == "contiguous" else f", O {out_layout}"))
+    hint = ff._hints(_hint(q, k, v, causal, scale, kind, blocks),
+                     out_layout != "contiguous" and f"O is a {out_layout} view here: store "
+                     "through O's own strides.")
+    with hinted(hint), \
+            output_in_layout((B, H, Nq, D), q.dtype, out_layout, name=f"O of {name}") as out, \
+            ff.guarded_output((B, H, Nq), torch.float32, DEVICE, name=f"LSE of {name}",
+                              margin=ff.MARGIN) as lse, \
+            ff.guarded_output((B * H, triton.cdiv(Nq, block_q), 2), torch.int32, DEVICE,
+                              name=f"STEPS of {name}", margin=ff.MARGIN) as steps:
+        try:
+            kernel[(triton.cdiv(Nq, block_q), B * H, 1)](
+                q, k, v, out, lse, steps, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+                H, Nq, Nk, scale * LOG2E,
+                GROUP=H // Hkv, HEAD_DIM=D, BLOCK_D=block_d(D), BLOCK_Q=block_q, BLOCK_K=block_k,
+                CAUSAL=causal, COUNT_STEPS=True, DOT_PRECISION="ieee" if q.dtype == F32 else "tf32")
+        except Exception as error:  # noqa: BLE001 (an out-of-bounds access gets its hints)
+            _launch_failed(error, name, None)
+    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale, blocks=blocks,
+                  kind=kind, hint=hint, quiet=quiet)
+    _check_steps(steps, Nq, Nk, blocks, causal, name)
+
+
+def case_kernel_random(kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, kind="random",
+                       layouts=("contiguous",) * 3, **kwargs):
+    q, k, v = variant_inputs(B, H, Hkv, Nq, Nk, D, dtype, seed=seed, kind=kind, layouts=layouts)
+    case_kernel(kernel, q, k, v, kind=kind, **kwargs)
+
+
+def check_attention_kernel(attention_kernel):
+    case = functools.partial(case_kernel_random, attention_kernel)
+    # (B, H, Hkv, Nq, Nk, D, dtype)
+    case(2, 2, 2, 48, 48, 32, F32, seed=1, causal=True, blocks=(16, 16))  # diagonal blocks
+    case(1, 4, 2, 50, 7, 32, F16, seed=2, blocks=(32, 32),                 # 7 text tokens, GQA
+         layouts=("contiguous", "padded", "padded"))
+    case(1, 2, 1, 50, 20, 16, F32, seed=3, causal=True, blocks=(16, 16))   # Nq > Nk: empty rows
+    case(2, 2, 2, 5, 70, 32, F16, seed=4, causal=True, blocks=(16, 32))    # Nq < Nk, KV-cache-like
+    case(1, 4, 1, 1, 45, 64, F16, seed=5, causal=True, blocks=(16, 16),   # MQA decoding, one query
+         layouts=("bnhd", "bnhd", "bnhd"))
+    case(2, 3, 1, 20, 45, 24, F32, seed=6, blocks=(16, 32), layouts=("bnhd", "bnhd", "bnhd"),
+         out_layout="bnhd")
+    case(1, 2, 2, 37, 37, 40, F32, seed=7, causal=True, blocks=(32, 16), sm_scale=0.3,
+         layouts=("transposed", "sliced", "bnhd"), out_layout="sliced")
+    case(1, 2, 1, 40, 40, 64, F32, seed=8, kind="extreme")
+    case(1, 4, 2, 33, 40, 32, F16, seed=9, kind="extreme", causal=True)
+    case(1, 2, 1, 20, 60, 16, F16, seed=10, kind="big_v")
+    case(1, 2, 2, 20, 60, 16, F16, seed=11, kind="big_v_negative", causal=True,
+         layouts=("contiguous", "bnhd", "transposed"))
+    if not INTERPRET:
+        case(2, 8, 2, 300, 517, 128, BF16, seed=12, causal=True, blocks=(64, 64))
+        case(1, 4, 4, 517, 300, 96, F16, seed=13, causal=True, blocks=(64, 32))
+
+
+def compile_kernel_for_gpu(attention_kernel, capability=90):
+    """Compile the kernel as the wrapper launches it on a GPU (fp16, GQA, causal)."""
+    signature = {name: "*fp16" for name in ("Q", "K", "V", "O")} | {"LSE": "*fp32", "STEPS": "*fp32"}
+    signature |= {f"stride_{t}{d}": "i32" for t in "qkvo" for d in "bhnd"}
+    signature |= {"H": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32"}
+    constants = {"GROUP": 4, "HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_Q": 128, "BLOCK_K": 64,
+                 "CAUSAL": True, "COUNT_STEPS": False, "DOT_PRECISION": "tf32"}
+    compile_for_gpu(attention_kernel, signature | dict.fromkeys(constants, "constexpr"),
+                    constants, capability)
+
+
+# ---------------------------------------------------------------------------------------
+# attention (the wrapper): one launch, no copies, o in q's layout
+
+def case_wrapper(fn, kernel, q, k, v, *, causal=False, sm_scale=None, blocks=None, kind="random",
+                 quiet=False):
+    B, H, Nq, D = q.shape
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    name = _name("attention", q, k, v, causal=causal, kind=kind,
+                 extra=(f", sm_scale={sm_scale}" if sm_scale is not None else "")
+                 + (f", block_q={blocks[0]}, block_k={blocks[1]}" if blocks else ""))
+    kwargs = {"causal": causal} | ({} if sm_scale is None else {"sm_scale": sm_scale}) | (
+        {"block_q": blocks[0], "block_k": blocks[1]} if blocks else {})
+    used = blocks or (ff.INTERPRETER_BLOCKS if INTERPRET else (64, 64))
+    hint = _hint(q, k, v, causal, scale, kind, used)
+    try:
+        result, report = watched_call(fn, q, k, v, kernel=kernel, forbid=ff.FORBID,
+                                      before_launch=ff._launch_check(name, B, H, Nq, D, blocks),
+                                      **kwargs)
+    except Exception as error:  # noqa: BLE001 (an out-of-bounds access gets its hints)
+        _launch_failed(error, name, hint)
+    if report["launches"] != 1:
+        fail(f"{name}: {getattr(kernel, '__name__', 'the kernel')} was launched "
+             f"{report['launches']} times; the wrapper must launch it exactly once")
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        fail(f"{name} should return a pair (o, lse), got {type(result).__name__}")
+    out, lse = result
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, Nq) or lse.dtype != F32:
+        fail(f"{name}: lse should be a float32 [B, H, Nq] = {[B, H, Nq]} tensor, got "
+             + (f"{dtype_name(lse.dtype)} {list(lse.shape)}" if isinstance(lse, torch.Tensor)
+                else type(lse).__name__))
+    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale,
+                  blocks=blocks or (ff.INTERPRETER_BLOCKS if INTERPRET else (128, 64)), kind=kind,
+                  hint=ff._hints(hint, sm_scale is not None and f"sm_scale={sm_scale} is given "
+                                 "here: use it instead of 1/sqrt(D)."), quiet=quiet)
+
+
+def case_wrapper_random(fn, kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, kind="random",
+                        layouts=("contiguous",) * 3, **kwargs):
+    q, k, v = variant_inputs(B, H, Hkv, Nq, Nk, D, dtype, seed=seed, kind=kind, layouts=layouts)
+    case_wrapper(fn, kernel, q, k, v, kind=kind, **kwargs)
+
+
+def case_output_layout(fn, B, H, Hkv, Nq, Nk, D, dtype, *, seed, layout="bnhd", causal=False):
+    """o comes back in q's layout: the strides torch.empty_like(q) gives (for q viewed from
+    [B, N, H, D], o viewed the same way, so o.transpose(1, 2) needs no copy either)."""
+    q, k, v = variant_inputs(B, H, Hkv, Nq, Nk, D, dtype, seed=seed, layouts=(layout,) * 3)
+    out, _ = fn(q, k, v, causal=causal)
+    want = torch.empty_like(q).stride()
+    if not isinstance(out, torch.Tensor) or tuple(out.stride()) != tuple(want):
+        fail(f"attention({dtype_name(dtype)}, q {ff._describe(q)}, k/v {ff._describe(k)}): o has "
+             f"strides {tuple(out.stride()) if isinstance(out, torch.Tensor) else None}, expected "
+             f"{tuple(want)}, q's layout. Allocate o with torch.empty_like(q), and copy nothing "
+             "(no .contiguous(), .clone(), .reshape() of the inputs): the kernel reads any layout "
+             "through the strides")
+
+
+def bad_inputs(fn):
+    x = torch.ones(1, 2, 8, 16, device=DEVICE)
+    six = torch.ones(1, 6, 8, 16, device=DEVICE)
+    four = torch.ones(1, 4, 8, 16, device=DEVICE)
+    return ff.bad_inputs(fn) + [
+        ("6 query heads with 4 K/V heads (4 does not divide 6)", lambda: fn(six, four, four)),
+        ("block_k=8 (below 16)", lambda: fn(x, x, x, block_k=8)),
+        ("block_q=24 (not a power of two)", lambda: fn(x, x, x, block_q=24))]
+
+
+def check_attention(attention, attention_kernel):
+    case = functools.partial(case_wrapper_random, attention, attention_kernel)
+    case(1, 2, 2, 70, 45, 40, F32, seed=1)                              # default blocks
+    case(1, 6, 3, 50, 20, 24, F16, seed=2, causal=True, blocks=(16, 32))  # GQA, Nq > Nk
+    case(2, 4, 1, 8, 60, 32, F32, seed=3, causal=True, blocks=(16, 16),  # MQA, Nq < Nk
+         layouts=("bnhd", "bnhd", "bnhd"))
+    case(1, 2, 1, 40, 9, 32, F16, seed=4, sm_scale=0.3, layouts=("sliced", "padded", "transposed"))
+    case(1, 2, 2, 40, 40, 64, F16, seed=5, kind="extreme", causal=True)
+    case(1, 2, 1, 20, 60, 16, F32, seed=6, kind="big_v", blocks=(16, 32))
+    case(1, 1, 1, 20, 60, 16, F16, seed=7, kind="big_v_negative", layouts=("contiguous", "bnhd", "bnhd"))
+    if not INTERPRET:
+        case(2, 8, 2, 777, 1025, 128, BF16, seed=8, causal=True, layouts=("bnhd",) * 3)
+    case_output_layout(attention, 1, 4, 2, 20, 30, 16, F32, seed=9)
+    print("ok  attention returns o in q's layout ([B, N, H, D] in, [B, N, H, D] out)")
+    check_rejects(bad_inputs(attention), name="attention")
+    print("ok  attention rejects bad inputs with clear errors")
