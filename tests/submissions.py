@@ -49,18 +49,19 @@ def save(nb, folder, student, lesson):
     write_notebook(nb, folder / student / f"{lesson}.ipynb")
 
 
-def execute(lesson: str, nb) -> dict:
+def execute(lesson: str, nb, namespace=None, only=None) -> dict:
     """Run the notebook's code cells except the test cells, in order, in this process, as
     a kernel would; returns the namespace. A failing cell is the notebook's problem: the
-    next one still runs."""
+    next one still runs. With `namespace` and `only` (grade ids), run just those cells in
+    a namespace where the rest already ran, as a learner re-running one cell."""
     import matplotlib.pyplot as plt
-    namespace = {}
+    namespace = {} if namespace is None else namespace
     for index, c in enumerate(nb.cells):
         if c.cell_type != "code" or c.metadata.get("nbgrader", {}).get("grade"):
             continue
         grade_id = c.metadata.get("nbgrader", {}).get("grade_id", f"cell{index}")
-        if grade_id == "progress":  # it re-runs every check: tests/test_learner_view.py runs it
-            continue
+        if grade_id == "progress" or (only is not None and grade_id not in only):
+            continue  # (the progress cell re-runs every check: tests/test_learner_view.py runs it)
         # Register the source as IPython does: @triton.jit reads a kernel's source back.
         filename = f"<{lesson}:{grade_id}>"
         linecache.cache[filename] = (len(c.source), None, c.source.splitlines(True), filename)
@@ -73,12 +74,13 @@ def execute(lesson: str, nb) -> dict:
     return namespace
 
 
-def run_in_process(lesson: str, nb) -> dict:
+def run_in_process(lesson: str, nb, objects=None) -> dict:
     """Run the notebook in this process (execute), then grade its test cells with the
     notebook's objects directly (fast, for tests; the grader runs the same tests with the
-    code in a sandboxed worker).
+    code in a sandboxed worker). `objects`: a namespace where it already ran.
 
     Returns {test cell grade_id: None if it passed, else its failure message}.
     """
-    graded = grading.grade(grading.Lesson(lesson), nb, objects=execute(lesson, nb))
+    objects = execute(lesson, nb) if objects is None else objects
+    graded = grading.grade(grading.Lesson(lesson), nb, objects=objects)
     return {grade_id: None if r.passed else r.message for grade_id, r in graded.tests.items()}
