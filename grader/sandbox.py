@@ -42,6 +42,9 @@ set -e
 R="$SANDBOX_ROOT"
 mount --make-rprivate /
 mount -t tmpfs -o mode=755,size=16m sandbox "$R"
+# /tmp first: a checkout under /tmp (a CI clone) is bound below it, not hidden by it.
+mkdir -p "$R/tmp"
+mount -t tmpfs -o size=256m,mode=1777 tmp "$R/tmp"
 for d in /usr /bin /sbin /lib /lib32 /lib64 /libx32 /etc $SANDBOX_READ; do
     [ -e "$d" ] || continue
     mkdir -p "$R$(dirname "$d")"
@@ -50,12 +53,11 @@ for d in /usr /bin /sbin /lib /lib32 /lib64 /libx32 /etc $SANDBOX_READ; do
     mount --rbind "$d" "$R$d"
     mount -o remount,bind,ro "$R$d"
 done
-mkdir -p "$R/dev" "$R/sys" "$R/proc" "$R/tmp" "$R/submission"
+mkdir -p "$R/dev" "$R/sys" "$R/proc" "$R/submission"
 mount --rbind /dev "$R/dev"
 mount -t tmpfs -o size=64m,mode=1777 shm "$R/dev/shm"
 mount --rbind /sys "$R/sys"
 mount -t proc proc "$R/proc"
-mount -t tmpfs -o size=256m,mode=1777 tmp "$R/tmp"
 mount --bind "$SANDBOX_SCRATCH" "$R/submission"
 cd /
 exec chroot "$R" /bin/sh -c 'cd /submission && exec "$@"' sh "$@"

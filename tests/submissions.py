@@ -55,7 +55,8 @@ def execute(lesson: str, nb, namespace=None, only=None) -> dict:
     next one still runs. With `namespace` and `only` (grade ids), run just those cells in
     a namespace where the rest already ran, as a learner re-running one cell."""
     import matplotlib.pyplot as plt
-    namespace = {} if namespace is None else namespace
+    # A kernel's module name is read when Triton compiles it for a GPU, as in a kernel.
+    namespace = {"__name__": "__main__"} if namespace is None else namespace
     for index, c in enumerate(nb.cells):
         if c.cell_type != "code" or c.metadata.get("nbgrader", {}).get("grade"):
             continue
