@@ -31,9 +31,8 @@ fi
 
 case "${1:-lab}" in
     lab)
-        extra=()
-        [ "$(id -u)" = 0 ] && extra+=(--allow-root)
-        exec jupyter lab --ServerApp.root_dir="$PWD/modules" "${extra[@]}" "${@:2}"
+        # JupyterLab on modules/, with nbgrader's formgrader on the course (grader/lab.py)
+        exec python -m grader lab "${@:2}"
         ;;
     test)
         exec python -m pytest "${@:2}"

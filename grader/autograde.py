@@ -22,6 +22,10 @@ from grader.build import write_notebook
 from grader.nbgrader_setup import DEFAULT_TIMEOUT, api as make_api
 
 
+# Files nbgrader's exchange writes next to a submitted notebook.
+EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
+
+
 def _student_id(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "student"
 
@@ -151,9 +155,16 @@ def autograde(lesson: str, path, timeout=None, json_path=None, workers=1, regrad
     for student, pregraded, seconds in _graded_in_turn(lesson, repaired, timeout, workers):
         record, submitted = results["students"][student], repaired[student]
         folder = paths.COURSE / "submitted" / student / lesson
+        # What nbgrader's exchange or zip_collect left beside the notebook travels with it:
+        # the submission time (late penalty) and the secret that names the feedback file
+        # fetch_feedback looks for. Read first: the notebook may come from `folder` itself.
+        exchange_files = {name: todo[student].parent / name for name in EXCHANGE_FILES}
+        exchange_files = {name: f.read_bytes() for name, f in exchange_files.items() if f.is_file()}
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(paths.COURSE / "autograded" / student / lesson, ignore_errors=True)
         write_notebook(submitted, folder / f"{lesson}.ipynb")
+        for name, data in exchange_files.items():
+            (folder / name).write_bytes(data)
         RESULTS.pop((lesson, student), None)
         started = time.time()
         if pregraded is not None:

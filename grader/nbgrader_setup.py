@@ -4,6 +4,7 @@ The same nbgrader_config.py serves our commands (loaded explicitly: NbGraderAPI 
 read it by itself) and instructors who run nbgrader's own CLI inside the course folder.
 """
 import os
+import pathlib
 import shutil
 import sys
 
@@ -15,7 +16,7 @@ from grader import paths
 _CONFIG = '''# Written by `python -m grader`; edit grader/nbgrader_setup.py instead.
 c = get_config()
 c.CourseDirectory.root = {root!r}
-c.CourseDirectory.course_id = "attention-kernels"
+c.CourseDirectory.course_id = {course_id!r}
 c.Exchange.root = {exchange!r}
 # Autograde runs the notebook's code in a sandboxed worker and decides every test in the
 # grader's process (grader/grading.py), instead of nbgrader's Execute: a cell that runs
@@ -38,6 +39,25 @@ c.GenerateFeedback.preprocessors = [
 '''
 
 DEFAULT_TIMEOUT = 120
+COURSE_ID = "attention-kernels"
+
+
+def exchange_root():
+    """nbgrader's exchange: EXCHANGE_DIR, or exchange/ in the course folder (one machine)."""
+    return pathlib.Path(os.environ.get("EXCHANGE_DIR") or paths.COURSE / "exchange").resolve()
+
+
+def write_config(timeout: int = DEFAULT_TIMEOUT):
+    """Write the course's nbgrader_config.py (and create the exchange); return its path."""
+    exchange = exchange_root()
+    if not exchange.is_dir():
+        exchange.mkdir(parents=True)
+        # Every learner writes into it (nbgrader's release_assignment sets the same mode).
+        exchange.chmod(0o777)
+    path = paths.COURSE / "nbgrader_config.py"
+    path.write_text(_CONFIG.format(root=str(paths.COURSE), course_id=COURSE_ID,
+                                   exchange=str(exchange), timeout=int(timeout)))
+    return path
 
 
 def api(timeout: int = DEFAULT_TIMEOUT):
@@ -49,10 +69,7 @@ def api(timeout: int = DEFAULT_TIMEOUT):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
 
-    (paths.COURSE / "exchange").mkdir(parents=True, exist_ok=True)
-    path = paths.COURSE / "nbgrader_config.py"
-    path.write_text(_CONFIG.format(root=str(paths.COURSE), exchange=str(paths.COURSE / "exchange"),
-                                   timeout=int(timeout)))
+    path = write_config(timeout)
     config = PyFileConfigLoader(path.name, path=str(paths.COURSE)).load_config()
     # Kernels inherit the environment: pick the interpreter before they import triton.
     import course  # noqa: F401  (sets TRITON_INTERPRET when there is no GPU)
