@@ -11,6 +11,15 @@ What it adds to the teaching kernel, and why:
 - Plain pointer loads, measured against tensor descriptors on an H100 (PERF.md):
   descriptors made on the device cost up to 25% at short sequences, host-made ones
   were no faster than pointers, and pointers take any strides with no alignment rules.
+  Where K and V are aligned for them, warp-specialized configs (tensor descriptors,
+  `tl.range(..., warp_specialize=True)`) compete in the autotuner too (PERF.md, issue 14).
+- After the first call of a shape, the compiled kernels are launched directly
+  (`launch_tuned`): host time matters at short sequences.
+- Head dims that are not powers of two (80, 96, 160, 192, ...) are computed as two
+  power-of-two column blocks (160 = 128 + 32) instead of one block padded to the next
+  power of two (256): no multiply-adds on padding, smaller tiles (PERF.md, issue 14).
+- FP8 (`flash_attention_fp8`): float8_e4m3fn / float8_e5m2 q, k, v with per-tensor
+  descales, P quantized to e4m3 for the second product, fp16/bf16 output (Hopper/Ada).
 `flash_attention_forward` is what the backward's autograd Function calls.
 """
 import os
@@ -20,25 +29,53 @@ import torch
 import triton
 import triton.language as tl
 
-from solutions.block_tuning import prune_configs
+from solutions.block_tuning import prune_configs, smem_bytes
 from solutions.flash_forward import (LN2, LOG2E, check_attention_inputs, default_scale,
                                      dot_precision, flash_grid)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-# (BLOCK_Q, BLOCK_K, num_warps, num_stages), best first, from sweeps on an H100 (PERF.md).
+# (BLOCK_Q, BLOCK_K, num_warps, num_stages), best first, from sweeps on an H100 (PERF.md),
+# per class of tile width (the head dim's column blocks together, see `column_blocks`).
 SHORTLIST = {
     64: [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3)],     # head_dim <= 64
-    128: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4)],    # head_dim <= 128
-    256: [(64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2)],       # a 128-row fp32 acc spills
+    128: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)],  # <= 128
+    192: [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],  # 160, 192
+    256: [(64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2), (128, 64, 8, 2)],  # a 128-row fp32 acc spills
 }
+# FP8 tiles take half the shared memory of fp16 ones, and the products run twice as fast.
+SHORTLIST_FP8 = {
+    64: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 4)],
+    128: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 4)],
+    192: [(128, 64, 8, 3), (128, 64, 8, 4), (64, 32, 4, 3)],
+    256: [(128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 3)],
+}
+# Warp-specialized configs (tensor descriptors, `tl.range(..., warp_specialize=True)`),
+# power-of-two head dims only; they compete with the above where `_tma_ok` allows.
+# Triton 3.6 fails to compile them with 4 warps (PassManager::run failed).
+SHORTLIST_WS = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws")],
+                128: [(128, 128, 8, 2, "ws"), (128, 64, 8, 3, "ws")]}
+SHORTLIST_WS_FP8 = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws")],
+                    128: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws")]}
+# False: never the warp-specialized configs (for comparisons; FLASH_TUNED_WS=0 sets it).
+TRY_WS = os.environ.get("FLASH_TUNED_WS", "1") != "0"
 SHORT_Q = (64, 64, 4, 3)  # at most 64 query rows: a 128-row block would be half empty
 FP32 = (64, 32, 4, 2)     # exact fp32 dots run on FMA units: the smallest tile compiles fastest
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_MIN_CAPABILITY = (8, 9)  # FP8 tensor-core products: Ada (8.9), Hopper (9.0) and later
+# P (in [0, 1] after the running max is subtracted) is stored as e4m3 times 2**P_SHIFT:
+# e4m3 reaches 448, and its smallest normal number is 2**-6, so unscaled it would flush
+# every probability under ~2**-9 to zero. The shift is free: it is added to the exponent.
+P_SHIFT = 8.0
+P_SHIFT_C = tl.constexpr(P_SHIFT)  # the same, usable inside kernels
 
 
 # (autotuned kernel, key) -> the triton.Config that triton.autotune chose for that key.
 _CHOSEN = {}
+SPLIT_D = True        # False: one column block padded to a power of two (for comparisons)
+LAST_CONFIG = [None]  # the config of the latest launch (for the benchmark's tables)
 
 
 def launch_tuned(tuned, grid, key, *args, **kwargs):
@@ -54,101 +91,281 @@ def launch_tuned(tuned, grid, key, *args, **kwargs):
     chosen = _CHOSEN.get((tuned, key))
     if chosen is None:
         tuned[grid](*args, **kwargs)
-        _CHOSEN[(tuned, key)] = tuned.best_config
+        _CHOSEN[(tuned, key)] = LAST_CONFIG[0] = tuned.best_config
     else:
+        LAST_CONFIG[0] = chosen
         tuned.fn[grid](*args, **kwargs, **chosen.all_kwargs())
 
 
-def _config(bq, bk, w, s):
-    return triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+def _config(bq, bk, w, s, ws=False):
+    return triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk, "WS": ws}, num_warps=w, num_stages=s)
+
+
+def _shape(config):
+    """A config as a shortlist names it: (BLOCK_Q, BLOCK_K, warps, stages[, "ws"])."""
+    shape = (config.kwargs["BLOCK_Q"], config.kwargs["BLOCK_K"], config.num_warps, config.num_stages)
+    return shape + ("ws",) if config.kwargs.get("WS") else shape
 
 
 def _configs():
     if INTERPRET:  # autotune with more than one config cannot run on the interpreter
         return [_config(64, 32, 4, 1)]
-    shapes = [c for short in SHORTLIST.values() for c in short] + [SHORT_Q, FP32]
-    return [_config(*c) for c in dict.fromkeys(shapes)]
+    lists = (SHORTLIST, SHORTLIST_FP8, SHORTLIST_WS, SHORTLIST_WS_FP8)
+    shapes = [c for table in lists for short in table.values() for c in short]
+    return [_config(*c[:4], ws=len(c) > 4) for c in dict.fromkeys(shapes + [SHORT_Q, FP32])]
+
+
+def width_class(width):
+    """The shortlist a tile width (the column blocks of the head dim together) uses."""
+    return 64 if width <= 64 else 128 if width <= 128 else 192 if width <= 192 else 256
 
 
 def _prune(configs, named_args, **kwargs):
     """Benchmark only the shortlist for this shape, and only configs that fit in
-    shared memory (module 07's model; BLOCK_Q is always a multiple of BLOCK_K: the
-    causal split needs it)."""
+    shared memory (module 07's `prune_configs`; its `smem_bytes` summed over the head
+    dim's column blocks when there are two;
+    BLOCK_Q is always a multiple of BLOCK_K: the causal split needs it). Where tensor
+    descriptors may be used (TMA_OK), the warp-specialized configs compete too."""
     if INTERPRET:
         return configs
     args = {**named_args, **kwargs}
-    block_d, n_q, q = args["BLOCK_D"], args["N_Q"], args["Q"]
+    parts = [w for w in (args["BLOCK_D"], args.get("BLOCK_D2", 0)) if w]
+    n_q, q = args["N_Q"], args["Q"]
+    fp8 = q.element_size() == 1
     if q.element_size() == 4:
         wanted = [FP32]
     elif n_q <= 64:
         wanted = [SHORT_Q]
     else:
-        wanted = SHORTLIST[64 if block_d <= 64 else 128 if block_d <= 128 else 256]
+        width = width_class(sum(parts))
+        wanted = (SHORTLIST_FP8 if fp8 else SHORTLIST)[width]
+        if args.get("TMA_OK") and len(parts) == 1 and parts[0] == args.get("HEAD_DIM"):
+            wanted = wanted + (SHORTLIST_WS_FP8 if fp8 else SHORTLIST_WS).get(width, [])
     limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
-    by_shape = {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages): c
-                for c in configs}
-    kept = [by_shape[w] for w in prune_configs(wanted, block_d, q.dtype, limit)]
-    return kept or [by_shape[FP32]]
+    by_shape = {_shape(c): c for c in configs}
+    if len(parts) == 1:
+        fits = prune_configs(wanted, parts[0], q.dtype, limit)
+    else:  # two column blocks: two tiles of each kind, one per block
+        fits = [w for w in wanted
+                if sum(smem_bytes(w[0], w[1], part, q.dtype, w[3]) for part in parts) <= limit]
+    return [by_shape[w] for w in fits] or [by_shape[FP32]]
+
+
+_CAPABILITY = {}  # device index -> compute capability
+
+
+def _capability(device):
+    cap = _CAPABILITY.get(device.index)
+    if cap is None:
+        cap = _CAPABILITY[device.index] = torch.cuda.get_device_capability(device)
+    return cap
+
+
+def _alloc_scratch(size, alignment, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def _tma_ok(k, v, v_t):
+    """Whether the warp-specialized configs (tensor descriptors made on the device) may
+    run: a Hopper GPU, K and V 16-byte aligned with 16-byte row strides, and an
+    allocator for the descriptors (Triton's: ours is set if none is)."""
+    if not TRY_WS or INTERPRET or _capability(k.device)[0] != 9:
+        return False
+    size = k.element_size()
+    v_strides = (v.stride(0), v.stride(1), v.stride(3) if v_t else v.stride(2))
+    for t, strides in ((k, k.stride()[:3]), (v, v_strides)):
+        if t.data_ptr() % 16 or any(x * size % 16 for x in strides):
+            return False
+    try:
+        from triton.runtime import _allocation
+        if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            triton.set_allocator(_alloc_scratch)
+    except (ImportError, AttributeError):  # another Triton version: no descriptors then
+        return False
+    return True
+
+
+def column_blocks(head_dim, min_block=16):
+    """(BLOCK_D, BLOCK_D2): the head dim as one power-of-two column block, or two.
+
+    tl.arange needs power-of-two lengths. One block padded to the next power of two
+    wastes up to 40% of the products at D = 160 (256 columns for 160); two blocks
+    (128 + 32) waste none. The second block is used only where it saves columns;
+    BLOCK_D2 = 0 means one block. Blocks are at least `min_block` wide (tl.dot: 16;
+    FP8 products: 32).
+    """
+    padded = max(min_block, triton.next_power_of_2(head_dim))
+    first = max(min_block, 1 << (head_dim.bit_length() - 1))  # largest power of two <= D
+    rest = head_dim - first
+    second = max(min_block, triton.next_power_of_2(rest)) if rest > 0 else 0
+    if second == 0 or first + second >= padded:
+        return padded, 0
+    return first, second
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn, rows, d_ok, lo, hi, N_K,
-            qk_scale, BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-            D_PADDED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn, stride_vn, rows, lo, hi, N_K,
+            qk_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+            BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+            DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr):
     """Online softmax over key blocks [lo, hi). MASKED=False: every key is visible to
-    every row, so that loop has no mask arithmetic and unpredicated loads."""
+    every row, so that loop has no mask arithmetic and unpredicated loads.
+
+    Columns [0, BLOCK_D) of the head dim live in q / acc, columns [BLOCK_D, BLOCK_D +
+    BLOCK_D2) in q2 / acc2 (BLOCK_D2 = 0: none). V_T: V is stored transposed (keys
+    contiguous, stride_vn between head-dim rows), as Hopper's FP8 products want it.
+    FP8: P goes to the second product as e4m3, scaled by 2**P_SHIFT (see P_SHIFT)."""
     offs_k = tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    PAD1: tl.constexpr = BLOCK_D > HEAD_DIM       # one block, padded
+    d_ok = offs_d < HEAD_DIM
+    kT_ptrs = k_base + offs_d[:, None]            # K read transposed: [BLOCK_D, BLOCK_K]
+    if V_T:
+        v_ptrs = v_base + offs_d[:, None] * stride_vn   # [BLOCK_D, BLOCK_K], keys contiguous
+    else:
+        v_ptrs = v_base + offs_d[None, :]               # [BLOCK_K, BLOCK_D]
+    if BLOCK_D2 > 0:
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        PAD2: tl.constexpr = BLOCK_D + BLOCK_D2 > HEAD_DIM
+        d2_ok = offs_d2 < HEAD_DIM
+        kT2_ptrs = k_base + offs_d2[:, None]
+        if V_T:
+            v2_ptrs = v_base + offs_d2[:, None] * stride_vn
+        else:
+            v2_ptrs = v_base + offs_d2[None, :]
     for start in tl.range(lo, hi, BLOCK_K):
         cols = start + offs_k
+        key_ok = cols < N_K
         if MASKED:
-            kT = tl.load(kT_ptrs + cols[None, :] * stride_kn,
-                         mask=d_ok[:, None] & (cols[None, :] < N_K), other=0.0)
-        elif D_PADDED:
+            kT = tl.load(kT_ptrs + cols[None, :] * stride_kn, mask=d_ok[:, None] & key_ok[None, :],
+                         other=0.0)
+        elif PAD1:
             kT = tl.load(kT_ptrs + cols[None, :] * stride_kn, mask=d_ok[:, None], other=0.0)
         else:
             kT = tl.load(kT_ptrs + cols[None, :] * stride_kn)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        if BLOCK_D2 > 0:
+            if MASKED:
+                kT2 = tl.load(kT2_ptrs + cols[None, :] * stride_kn,
+                              mask=d2_ok[:, None] & key_ok[None, :], other=0.0)
+            elif PAD2:
+                kT2 = tl.load(kT2_ptrs + cols[None, :] * stride_kn, mask=d2_ok[:, None], other=0.0)
+            else:
+                kT2 = tl.load(kT2_ptrs + cols[None, :] * stride_kn)
+            s = tl.dot(q2, kT2, s, input_precision=DOT_PRECISION)
         if MASKED:
-            valid = cols[None, :] < N_K
+            valid = key_ok[None, :]
             if CAUSAL:
                 valid = valid & (cols[None, :] <= rows[:, None])
             s = tl.where(valid, s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            s = s - m_new[:, None]
+            if FP8:
+                s = s - (m_new - P_SHIFT_C)[:, None]
+            else:
+                s = s - m_new[:, None]
         else:
             # max of the raw scores, then one fused multiply-add per score
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            s = s * qk_scale - m_new[:, None]
+            if FP8:
+                s = s * qk_scale - (m_new - P_SHIFT_C)[:, None]
+            else:
+                s = s * qk_scale - m_new[:, None]
         p = tl.exp2(s)
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_ptrs + cols[:, None] * stride_vn,
-                        mask=(cols[:, None] < N_K) & d_ok[None, :], other=0.0)
-        elif D_PADDED:
-            v = tl.load(v_ptrs + cols[:, None] * stride_vn, mask=d_ok[None, :], other=0.0)
+        if V_T:
+            if MASKED:
+                vT = tl.load(v_ptrs + cols[None, :], mask=d_ok[:, None] & key_ok[None, :], other=0.0)
+            elif PAD1:
+                vT = tl.load(v_ptrs + cols[None, :], mask=d_ok[:, None], other=0.0)
+            else:
+                vT = tl.load(v_ptrs + cols[None, :])
+            v = tl.trans(vT)
         else:
-            v = tl.load(v_ptrs + cols[:, None] * stride_vn)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+            if MASKED:
+                v = tl.load(v_ptrs + cols[:, None] * stride_vn, mask=key_ok[:, None] & d_ok[None, :],
+                            other=0.0)
+            elif PAD1:
+                v = tl.load(v_ptrs + cols[:, None] * stride_vn, mask=d_ok[None, :], other=0.0)
+            else:
+                v = tl.load(v_ptrs + cols[:, None] * stride_vn)
+        if FP8:
+            p_op = p.to(tl.float8e4nv)
+        else:
+            p_op = p.to(v.dtype)
+        acc = tl.dot(p_op, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        if BLOCK_D2 > 0:
+            if V_T:
+                if MASKED:
+                    v2T = tl.load(v2_ptrs + cols[None, :], mask=d2_ok[:, None] & key_ok[None, :],
+                                  other=0.0)
+                elif PAD2:
+                    v2T = tl.load(v2_ptrs + cols[None, :], mask=d2_ok[:, None], other=0.0)
+                else:
+                    v2T = tl.load(v2_ptrs + cols[None, :])
+                v2 = tl.trans(v2T)
+            else:
+                if MASKED:
+                    v2 = tl.load(v2_ptrs + cols[:, None] * stride_vn,
+                                 mask=key_ok[:, None] & d2_ok[None, :], other=0.0)
+                elif PAD2:
+                    v2 = tl.load(v2_ptrs + cols[:, None] * stride_vn, mask=d2_ok[None, :], other=0.0)
+                else:
+                    v2 = tl.load(v2_ptrs + cols[:, None] * stride_vn)
+            acc2 = tl.dot(p_op, v2, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, acc2, l_i, m_i
+
+
+@triton.jit
+def _attend_ws(acc, l_i, m_i, q, k_desc, v_desc, hi, qk_scale, BLOCK_K: tl.constexpr,
+               FP8: tl.constexpr, V_T: tl.constexpr):
+    """Stage 1 of `_attend` (no masks, one column block) through tensor descriptors, in
+    a warp-specialized loop (Hopper: TMA copies by producer warps, products and softmax
+    by the others)."""
+    for start in tl.range(0, hi, BLOCK_K, warp_specialize=True):
+        k = k_desc.load([start, 0])
+        s = tl.dot(q, k.T)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        if FP8:
+            s = s * qk_scale - (m_new - P_SHIFT_C)[:, None]
+        else:
+            s = s * qk_scale - m_new[:, None]
+        p = tl.exp2(s)
+        alpha = tl.exp2(m_i - m_new)
+        l_ij = tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if V_T:
+            v = v_desc.load([0, start]).T
+        else:
+            v = v_desc.load([start, 0])
+        if FP8:
+            acc = tl.dot(p.to(tl.float8e4nv), v, acc)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        l_i = l_i * alpha + l_ij
         m_i = m_new
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_configs(), key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL"],
+@triton.autotune(configs=_configs(), key=["N_Q", "N_K", "HEAD_DIM", "BLOCK_D2", "CAUSAL", "TMA_OK"],
                  prune_configs_by={"early_config_prune": _prune})
-@triton.jit(do_not_specialize=["N_Q", "N_K"])  # lengths only bound masks: one compile for all
+@triton.jit(do_not_specialize=["N_Q", "N_K", "TMA_OK"])  # one compile for all lengths
 def flash_attention_fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
-    H, GROUP, N_Q, N_K, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    H, GROUP, N_Q, N_K, qk_scale, TMA_OK,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WS: tl.constexpr,
 ):
-    # The last dim must be contiguous (the wrapper sees to it): rows load as wide vectors.
+    # The head dim must be contiguous (the wrapper sees to it): rows load as wide vectors.
+    # V_T: V's keys are contiguous instead, and stride_vn is the stride of its head dim.
+    # DESCALE_*: None, or one fp32 number each (FP8: q = q8 * descale_q, ...).
+    # TMA_OK (unused here): 1 where the wrapper allows the WS configs; in the autotuner's key.
     pid_q = tl.program_id(0)
     if CAUSAL:
         pid_q = tl.num_programs(0) - 1 - pid_q  # longest rows first
@@ -159,60 +376,251 @@ def flash_attention_fwd_kernel(
 
     q0 = pid_q * BLOCK_Q
     rows = q0 + tl.arange(0, BLOCK_Q)
+    row_ok = rows < N_Q
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    D_PADDED: tl.constexpr = HEAD_DIM != BLOCK_D
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :],
-                mask=(rows[:, None] < N_Q) & d_ok[None, :], other=0.0)
-    kT_ptrs = K + b * stride_kb + h_kv * stride_kh + offs_d[:, None]  # K read transposed
-    v_ptrs = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :]
+    q_rows = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn
+    q = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    if BLOCK_D2 > 0:
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        d2_ok = offs_d2 < HEAD_DIM
+        q2 = tl.load(q_rows + offs_d2[None, :], mask=row_ok[:, None] & d2_ok[None, :], other=0.0)
+        acc2 = tl.zeros([BLOCK_Q, BLOCK_D2], tl.float32)
+    else:
+        q2 = q          # unused placeholders: the loop never touches them
+        acc2 = acc
+    if DESCALE_Q is not None:
+        qk_scale = qk_scale * tl.load(DESCALE_Q)
+    if DESCALE_K is not None:
+        qk_scale = qk_scale * tl.load(DESCALE_K)
+    k_base = K + b * stride_kb + h_kv * stride_kh
+    v_base = V + b * stride_vb + h_kv * stride_vh
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
-    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
 
     # Stage 1, no masks: whole key blocks that every row of this query block may see.
     # BLOCK_Q is a multiple of BLOCK_K, so q0 is a key-block boundary.
     full_end = (N_K // BLOCK_K) * BLOCK_K
     if CAUSAL:
         full_end = tl.minimum(full_end, q0)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn, rows, d_ok,
-                            0, full_end, N_K, qk_scale, BLOCK_K, False, CAUSAL, D_PADDED,
-                            DOT_PRECISION)
+    if WS:
+        # Tensor descriptors (TMA copies) made by this program, and Triton's warp
+        # specialization: producer warps issue the copies, the others compute.
+        tl.static_assert(BLOCK_D2 == 0 and BLOCK_D == HEAD_DIM)
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
+                                           block_shape=[BLOCK_K, BLOCK_D])
+        if V_T:
+            v_desc = tl.make_tensor_descriptor(v_base, shape=[HEAD_DIM, N_K], strides=[stride_vn, 1],
+                                               block_shape=[BLOCK_D, BLOCK_K])
+        else:
+            v_desc = tl.make_tensor_descriptor(v_base, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
+                                               block_shape=[BLOCK_K, BLOCK_D])
+        acc, l_i, m_i = _attend_ws(acc, l_i, m_i, q, k_desc, v_desc, full_end, qk_scale, BLOCK_K,
+                                   FP8, V_T)
+    else:
+        acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn,
+                                      stride_vn, rows, 0, full_end, N_K, qk_scale, HEAD_DIM, BLOCK_D,
+                                      BLOCK_D2, BLOCK_K, False, CAUSAL, DOT_PRECISION, FP8, V_T)
     # Stage 2, masked: the diagonal blocks (causal) and the ragged last block. Key 0 is
     # in the first block visited whatever the stages, so every row's max is finite.
     masked_end = N_K
     if CAUSAL:
         masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn, rows, d_ok,
-                            full_end, masked_end, N_K, qk_scale, BLOCK_K, True, CAUSAL, D_PADDED,
-                            DOT_PRECISION)
+    acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn, stride_vn,
+                                  rows, full_end, masked_end, N_K, qk_scale, HEAD_DIM, BLOCK_D,
+                                  BLOCK_D2, BLOCK_K, True, CAUSAL, DOT_PRECISION, FP8, V_T)
 
-    tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :],
-             (acc / l_i[:, None]).to(O.dtype.element_ty), mask=(rows[:, None] < N_Q) & d_ok[None, :])
-    tl.store(LSE + pid_bh * N_Q + rows, (m_i + tl.log2(l_i)) * LN2, mask=rows < N_Q)
+    inv_l = 1.0 / l_i
+    if DESCALE_V is not None:
+        inv_l = inv_l * tl.load(DESCALE_V)
+    o_rows = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on
+    tl.store(o_rows + offs_d[None, :], (acc * inv_l[:, None]).to(O.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+    if BLOCK_D2 > 0:
+        tl.store(o_rows + offs_d2[None, :], (acc2 * inv_l[:, None]).to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & d2_ok[None, :])
+    lse2 = m_i + tl.log2(l_i)
+    if FP8:
+        lse2 = lse2 - P_SHIFT_C  # l summed the probabilities times 2**P_SHIFT
+    tl.store(LSE + pid_bh * N_Q + rows, lse2 * LN2, mask=row_ok)
+
+
+def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    block_d, block_d2 = column_blocks(D, 32 if fp8 else 16) if SPLIT_D else (
+        max(32 if fp8 else 16, triton.next_power_of_2(D)), 0)
+    tma_ok = block_d2 == 0 and block_d == D and _tma_ok(k, v, v_t)
+
+    def grid(meta):
+        return flash_grid(Nq, B, H, meta["BLOCK_Q"])
+
+    v_strides = (v.stride(0), v.stride(1), v.stride(3)) if v_t else v.stride()[:3]
+    launch_tuned(
+        flash_attention_fwd_kernel, grid, key + (block_d2, tma_ok),
+        q, k, v, o, lse, *descales,
+        *q.stride()[:3], *k.stride()[:3], *v_strides, *o.stride()[:3],
+        H, H // Hkv, Nq, Nk, scale * LOG2E, int(tma_ok),
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=bool(causal),
+        DOT_PRECISION=dot_precision(q.dtype), FP8=fp8, V_T=v_t,
+    )
 
 
 def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
     """FlashAttention forward, tuned. Returns (o, lse) like `flash_attention`:
     o in q's shape and dtype, lse [B, H, Nq] fp32 natural-log log-sum-exp of the scaled
     scores of each query row."""
+    if getattr(q, "dtype", None) in FP8_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}: FP8 inputs need per-tensor scales, "
+                        "use solutions.flash_tuned.flash_attention_fp8")
     B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
     scale = default_scale(sm_scale, D)
     # Unit stride along head_dim lets rows load as wide vectors (copy the rare others).
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
-
-    def grid(meta):
-        return flash_grid(Nq, B, H, meta["BLOCK_Q"])
-
-    block_d = max(16, triton.next_power_of_2(D))
     key = (Nq, Nk, D, bool(causal), q.dtype)  # the autotuner's key, and the dtype
-    launch_tuned(
-        flash_attention_fwd_kernel, grid, key,
-        q, k, v, o, lse,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-        H, H // Hkv, Nq, Nk, scale * LOG2E,
-        HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
-    )
+    _launch_forward(q, k, v, o, lse, causal, scale, (None, None, None), False, False, key)
+    return o, lse
+
+
+# ---------------------------------------------------------------------------------------
+# FP8
+
+def check_fp8_inputs(q, k, v, out_dtype):
+    """Validate FP8 attention inputs; return (B, H, Hkv, Nq, Nk, D).
+
+    q, k, v: float8_e4m3fn or float8_e5m2 (one dtype for all three) on a CUDA GPU of
+    compute capability >= 8.9; shapes as `check_attention_inputs` wants them, with
+    32 <= D <= 256 (FP8 products take at least 32 columns). out_dtype: fp16 or bf16.
+    Raises TypeError for dtypes, ValueError for shapes, RuntimeError for devices.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in FP8_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; flash_attention_fp8 takes "
+                            "torch.float8_e4m3fn or torch.float8_e5m2 (quantize_fp8 makes them)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one FP8 dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if out_dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
+    # The shape rules are the fp16 kernels' (checked on same-shaped placeholders: the
+    # shared check names fp16/bf16/fp32 as its dtypes).
+    shapes = [torch.empty_strided(t.shape, t.stride(), dtype=torch.float16, device="meta")
+              for t in (q, k, v)]
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, H, Hkv, Nq, Nk, D = check_attention_inputs(*shapes)
+    if D < 32:
+        raise ValueError(f"head_dim {D} not supported in FP8: must be in [32, 256]")
+    if q.device.type != "cuda" or INTERPRET:
+        raise RuntimeError("FP8 attention runs on a CUDA GPU of compute capability >= 8.9 "
+                           "(Ada, Hopper or later); Triton's interpreter on the CPU has no "
+                           f"FP8 products (q is on {q.device})")
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability < FP8_MIN_CAPABILITY:
+        raise RuntimeError(f"FP8 attention needs compute capability >= 8.9; "
+                           f"{torch.cuda.get_device_name(q.device)} has {capability[0]}.{capability[1]}")
+    return B, H, Hkv, Nq, Nk, D
+
+
+def fp8_max(dtype):
+    """The largest finite value of an FP8 dtype (e4m3: 448, e5m2: 57344)."""
+    return torch.finfo(dtype).max
+
+
+def quantize_fp8(x, dtype=torch.float8_e4m3fn):
+    """Per-tensor quantization: (x8, descale) with x ~= x8.float() * descale.
+
+    descale = amax(|x|) / fp8_max(dtype) as a 1-element fp32 tensor on x's device, so
+    the largest element lands on the FP8 format's largest value (no overflow) and
+    nothing synchronizes with the host. x8 has x's shape and strides' order.
+    """
+    if dtype not in FP8_DTYPES:
+        raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    amax = x.detach().abs().amax().float().clamp(min=1e-12).reshape(1)
+    descale = amax / fp8_max(dtype)
+    x8 = (x.float() / descale).clamp(-fp8_max(dtype), fp8_max(dtype)).to(dtype)
+    return x8, descale
+
+
+def transpose_v_fp8(v):
+    """V laid out as Hopper's FP8 products want it: a [B, Hkv, Nk, D] view of a
+    [B, Hkv, D, Nk] contiguous buffer (keys contiguous). flash_attention_fp8 makes this
+    copy itself when v is not so laid out; callers that keep V (a KV cache) may store it
+    this way once and skip the copy on every call."""
+    return v.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def _descale_arg(value, device, name):
+    """A descale as the kernel takes it: None for 1, else a 1-element fp32 tensor."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must hold one number (a per-tensor scale), got shape "
+                             f"{tuple(value.shape)}")
+        if value.device != device:
+            raise ValueError(f"{name} must be on {device}, got {value.device}")
+        return value.reshape(1) if value.dtype == torch.float32 else value.reshape(1).float()
+    return torch.full((1,), float(value), device=device, dtype=torch.float32)
+
+
+def flash_attention_fp8(q, k, v, causal=False, sm_scale=None, *, descale_q=None,
+                        descale_k=None, descale_v=None, out_dtype=torch.float16):
+    """FP8 FlashAttention forward (no backward). Returns (o, lse) like
+    `flash_attention_forward`: o [B, H, Nq, D] in out_dtype (fp16 or bf16), lse fp32.
+
+    q, k, v: float8_e4m3fn or float8_e5m2, one dtype, shapes as in the fp16 kernels.
+    descale_q / descale_k / descale_v: per-tensor scales (a number or a 1-element
+    tensor; None = 1) such that the real inputs are q8 * descale_q etc. (quantize_fp8
+    returns them). The scores are (q8 . k8) * descale_q * descale_k * sm_scale, with the
+    FP8 products accumulated in fp32 (Hopper's FP8 MMA accumulates with reduced
+    precision inside one instruction); the softmax runs in fp32; P is quantized to e4m3
+    (scaled by 2**P_SHIFT, see P_SHIFT) for P @ V8 whatever the inputs' FP8 format, as
+    FlashAttention-3 does; O is scaled by descale_v / rowsum at the end. The second
+    product wants V with keys contiguous (`transpose_v_fp8`); other layouts are copied.
+    """
+    B, H, Hkv, Nq, Nk, D = check_fp8_inputs(q, k, v, out_dtype)
+    scale = default_scale(sm_scale, D)
+    q, k = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k))
+    if v.stride(-2) != 1:
+        v = transpose_v_fp8(v)
+    descales = tuple(_descale_arg(d, q.device, n) for d, n in
+                     ((descale_q, "descale_q"), (descale_k, "descale_k"), (descale_v, "descale_v")))
+    o = torch.empty(q.shape, device=q.device, dtype=out_dtype)
+    lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
+    key = (Nq, Nk, D, bool(causal), q.dtype, out_dtype)
+    _launch_forward(q, k, v, o, lse, causal, scale, descales, True, True, key)
+    return o, lse
+
+
+def _dequantize(x8, descale):
+    if descale is None:
+        return x8.double()
+    if isinstance(descale, torch.Tensor):
+        descale = descale.to(device=x8.device, dtype=torch.float64).reshape(())
+    return x8.double() * descale
+
+
+def fp8_attention_reference(q8, k8, v8, causal=False, sm_scale=None, descale_q=None,
+                            descale_k=None, descale_v=None, quantize_p=True):
+    """What flash_attention_fp8 computes, in float64 PyTorch (no tiling): dequantized
+    inputs, exact scores and softmax, and (quantize_p) P rounded to e4m3 after scaling
+    by 2**P_SHIFT, as the kernel's second product sees it (the kernel scales each tile by
+    the running max, not the row's final max, so its roundings differ slightly).
+    Returns (o, lse): o [B, H, Nq, D] and lse [B, H, Nq] in float64. GQA as elsewhere."""
+    from solutions.naive_attention import attention_scores, repeat_kv
+    q, k = _dequantize(q8, descale_q), _dequantize(k8, descale_k)
+    s = attention_scores(q, k, causal, sm_scale)
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m) * 2.0 ** P_SHIFT
+    l_sum = p.sum(-1, keepdim=True)
+    if quantize_p:
+        p = p.to(torch.float8_e4m3fn).double()
+    o = (p @ repeat_kv(v8.double(), q.shape[1])) / l_sum
+    o = o * _dequantize(torch.ones((), dtype=torch.float64, device=o.device), descale_v)
+    lse = (m + torch.log(l_sum)).squeeze(-1) - P_SHIFT * 0.6931471805599453
     return o, lse

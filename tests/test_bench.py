@@ -37,3 +37,34 @@ def test_table_and_plots_from_the_saved_run(tmp_path, capsys):
                                         / _tflops(rows, key, "sdpa-flash", "graph_tflops"), 2), line
     for name in ("tflops.png", "tflops_graph.png", "memory.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
+
+
+def test_tuned_bench_tables(tmp_path, capsys):
+    """solutions/tuned_bench.py's tables from a CSV: ours over the better tutorial run,
+    FP8 over fp16, split over padded head dims."""
+    import csv as csv_
+    from solutions import tuned_bench as tb
+    fwd = dict(section="fwd", dtype="float16", D=128, N=4096, causal=False)
+    fp8 = dict(section="fp8", dtype="float16", D=64, N=1024, causal=True)
+    dims = dict(section="dims", dtype="float16", D=160, N=16384, causal=False)
+    rows = [tb._row(fwd, "fwd", i, tflops=t, config="128x128x8x2x" if i == "ours" else "")
+            for i, t in (("ours", "500.0"), ("tut", "400.0"), ("tut-ws", "450.0"), ("FA2", "250.0"),
+                         ("cuDNN", "625.0"))]
+    rows += [tb._row(fp8, "fwd", i, tflops=t, err=e)
+             for i, t, e in (("fp16", "300.0", "3e-4"), ("e4m3", "450.0", "4e-2"), ("e5m2", "420.0", "8e-2"),
+                             ("tut-e5m2", "400.0", "1e-1"), ("tut-e5m2-ws", "350.0", "1e-1"))]
+    rows += [tb._row(dims, "fwd", i, tflops=t) for i, t in (("ours", "390.0"), ("ours-padded", "300.0"),
+                                                           ("FA2", "300.0"), ("cuDNN", "600.0"))]
+    path = tmp_path / "t.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv_.DictWriter(f, fieldnames=tb.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    tb.main(["--table", str(path)])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("float16  128  4096 n"))
+    assert line.split("|")[2].split() == ["1.11", "0.80", "2.00"], line  # 500/450, 500/625, 500/250
+    line = next(x for x in out.splitlines() if x.startswith("float16   64  1024 y"))
+    assert line.split("|")[2].split() == ["1.50", "1.40", "1.05"], line  # 450/300, 420/300, 420/400
+    line = next(x for x in out.splitlines() if x.startswith("float16  160 16384 n"))
+    assert line.split("|")[2].split() == ["1.30", "0.65", "1.30"], line

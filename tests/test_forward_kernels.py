@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from course.testing import assert_close, assert_not_trivial, count_launches, guarded_input
 from solutions.flash_forward import (flash_attention, flash_attention_blocked,
                                      flash_attention_kernel, flash_grid)
+from solutions import flash_tuned
 from solutions.flash_tuned import flash_attention_forward
 from solutions.naive_attention import attention_reference, attention_scores, naive_attention
 
@@ -31,6 +32,9 @@ CASES = [
     (2, 2, 2, 64, 7, 24, False, torch.float32, "bhnd"),
     (2, 3, 3, 40, 7, 24, True, torch.float16, "bnhd"),
     (2, 2, 2, 70, 130, 64, True, torch.float32, "bhnd"),
+    # head dims that are not powers of two: two column blocks (128 + 32, 128 + 64)
+    (1, 2, 1, 70, 45, 160, True, torch.float32, "bnhd"),
+    (1, 2, 2, 33, 70, 192, False, torch.float16, "bhnd"),
 ]
 if GPU:
     CASES += [
@@ -41,6 +45,9 @@ if GPU:
         (2, 2, 2, 300, 517, 96, False, torch.bfloat16, "bnhd"),
         (2, 2, 2, 250, 250, 20, True, torch.float16, "bnhd"),
         (1, 8, 8, 2048, 2048, 64, True, torch.float16, "bhnd"),
+        (2, 4, 2, 300, 517, 160, False, torch.bfloat16, "bnhd"),
+        (2, 2, 2, 1000, 1000, 192, True, torch.float16, "bhnd"),
+        (1, 4, 4, 2048, 2048, 128, False, torch.float16, "bhnd"),  # warp-specialized configs (Hopper)
     ]
 
 IMPLS = {"teaching": flash_attention, "tuned": flash_attention_forward}
@@ -179,3 +186,144 @@ def test_bad_inputs(impl):
         fn(q, k, v[:, :, :8])
     with pytest.raises(ValueError, match="one device"):
         fn(q, k.to("meta"), v)
+
+
+# ---------------------------------------------------------------------------------------
+# Head dims as column blocks, and the FP8 forward
+
+def test_column_blocks():
+    """Powers of two stay one block; others split where that saves columns."""
+    cb = flash_tuned.column_blocks
+    assert [cb(d) for d in (16, 64, 128, 256)] == [(16, 0), (64, 0), (128, 0), (256, 0)]
+    assert [cb(d) for d in (160, 192, 96, 80, 40)] == [(128, 32), (128, 64), (64, 32), (64, 16), (32, 16)]
+    assert cb(24) == (32, 0) and cb(20) == (32, 0) and cb(200) == (256, 0)  # no saving: one block
+    assert cb(80, 32) == (64, 32) and cb(40, 32) == (64, 0)  # FP8 blocks are >= 32 wide
+    for d in range(16, 257):
+        first, second = cb(d)
+        assert first + second >= d and first + second <= max(16, 1 << (d - 1).bit_length())
+
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def make_fp8(B, H, Hkv, Nq, Nk, D, dtype, seed=0):
+    q, k, v = make_qkv(B, H, Hkv, Nq, Nk, D, torch.float32, seed=seed)
+    return [flash_tuned.quantize_fp8(t, dtype) for t in (q, k, v)]
+
+
+def test_quantize_fp8():
+    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(0)) * 7
+    for dtype, mantissa in ((torch.float8_e4m3fn, 3), (torch.float8_e5m2, 2)):
+        x8, descale = flash_tuned.quantize_fp8(x, dtype)
+        assert x8.dtype == dtype and x8.shape == x.shape and descale.shape == (1,)
+        assert float(x8.float().abs().max()) == flash_tuned.fp8_max(dtype)  # amax lands on the max
+        back = x8.float() * descale
+        normal = x.abs() > descale * 2.0 ** (-6 if mantissa == 3 else -14)
+        rel = ((back - x).abs() / x.abs())[normal]
+        assert float(rel.max()) <= 2.0 ** -(mantissa + 1) * 1.001  # round to nearest
+    with pytest.raises(TypeError, match="float8"):
+        flash_tuned.quantize_fp8(x, torch.float16)
+
+
+def test_fp8_reference():
+    """Without P rounding the reference is attention on the dequantized inputs; with it,
+    a few percent off (P has 3 mantissa bits)."""
+    (q8, dq), (k8, dk), (v8, dv) = make_fp8(1, 4, 2, 37, 45, 32, torch.float8_e4m3fn, seed=3)
+    deq = [t.double() * d.double() for t, d in ((q8, dq), (k8, dk), (v8, dv))]
+    for causal in (False, True):
+        o, lse = flash_tuned.fp8_attention_reference(q8, k8, v8, causal, None, dq, dk, dv, quantize_p=False)
+        o_ref, lse_ref = reference64(*deq, causal)
+        assert_close(o, o_ref, atol=1e-12, rtol=1e-10)
+        assert_close(lse, lse_ref, name="lse", atol=1e-12, rtol=1e-10)
+        o_q, _ = flash_tuned.fp8_attention_reference(q8, k8, v8, causal, None, dq, dk, dv)
+        err = float((o_q - o_ref).norm() / o_ref.norm())
+        assert 1e-3 < err < 5e-2, err
+
+
+def test_fp8_input_checks():
+    (q8, dq), (k8, dk), (v8, dv) = make_fp8(1, 4, 2, 16, 16, 32, torch.float8_e4m3fn)
+    fp8 = flash_tuned.flash_attention_fp8
+    with pytest.raises(TypeError, match="float8_e4m3fn or torch.float8_e5m2"):
+        fp8(q8.float(), k8, v8)
+    with pytest.raises(TypeError, match="one FP8 dtype"):
+        fp8(q8, k8.to(torch.float8_e5m2), v8)
+    with pytest.raises(TypeError, match="out_dtype"):
+        fp8(q8, k8, v8, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="4 dims"):
+        fp8(q8[0], k8[0], v8[0])
+    with pytest.raises(ValueError, match="multiple of k/v heads"):
+        fp8(q8[:, :3], k8, v8)
+    with pytest.raises(ValueError, match="head_dim 16 not supported in FP8"):
+        fp8(q8[..., :16], k8[..., :16], v8[..., :16])
+    with pytest.raises(TypeError, match="flash_attention_fp8"):  # the fp16 kernel points there
+        flash_attention_forward(q8, k8, v8)
+    if not GPU:
+        with pytest.raises(RuntimeError, match="compute capability >= 8.9"):
+            fp8(q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=dv)
+    elif torch.cuda.get_device_capability() >= (8, 9):
+        with pytest.raises(ValueError, match="one number"):
+            fp8(q8, k8, v8, descale_q=torch.ones(2, device=DEVICE))
+
+
+def _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv):
+    """The kernel against float64 on the dequantized inputs: about as far off as the same
+    reference with P rounded to e4m3 in PyTorch (the roundings differ tile by tile), and
+    the lse (no P rounding in it) close."""
+    exact, lse_ref = flash_tuned.fp8_attention_reference(q8, k8, v8, causal, None, dq, dk, dv,
+                                                         quantize_p=False)
+    emulated, _ = flash_tuned.fp8_attention_reference(q8, k8, v8, causal, None, dq, dk, dv)
+    err = float((o.double() - exact).norm() / exact.norm())
+    emul = float((emulated - exact).norm() / exact.norm())
+    assert err <= 1.5 * emul + 1e-3, (err, emul)
+    assert_close(lse, lse_ref, name="lse", atol=2e-3, rtol=1e-3, quiet=True)
+
+
+@pytest.mark.skipif(GPU, reason="the GPU runs test_fp8_forward")
+def test_fp8_kernel_in_the_interpreter(monkeypatch):
+    """The FP8 kernel's logic (V stored transposed, P scaled and rounded to e4m3,
+    descales, column blocks, GQA, causal, ragged lengths) on the CPU, through the
+    launcher the public function uses (which refuses the CPU: no FP8 tensor cores).
+    Triton's interpreter rounds fp32 -> fp8 without the carry into the exponent (31.4
+    becomes 16, not 32); the test swaps in PyTorch's conversion for that one step."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+    convert = getattr(interpreter, "_convert_float", None)
+    if convert is None:
+        pytest.skip("this Triton's interpreter converts floats elsewhere")
+
+    def rounded(data, src, dst, rounding):
+        if dst in (tl.float8e4nv, tl.float8e5) and src in (tl.float32, tl.float16):
+            x = torch.from_numpy(np.ascontiguousarray(data).view(
+                np.float32 if src == tl.float32 else np.float16).copy()).float()
+            out = x.to(torch.float8_e4m3fn if dst == tl.float8e4nv else torch.float8_e5m2)
+            return out.view(torch.uint8).numpy().reshape(data.shape)
+        return convert(data, src, dst, rounding)
+    monkeypatch.setattr(interpreter, "_convert_float", rounded)
+    for (B, H, Hkv, Nq, Nk, D, causal, dtype) in ((1, 2, 1, 70, 45, 64, True, torch.float8_e4m3fn),
+                                                  (1, 2, 2, 33, 70, 96, False, torch.float8_e5m2)):
+        (q8, dq), (k8, dk), (v8, dv) = make_fp8(B, H, Hkv, Nq, Nk, D, dtype, seed=D)
+        o = torch.empty(B, H, Nq, D, dtype=torch.float16)
+        lse = torch.empty(B, H, Nq)
+        flash_tuned._launch_forward(q8, k8, flash_tuned.transpose_v_fp8(v8), o, lse, causal, D ** -0.5,
+                                    (dq, dk, dv), True, True, (Nq, Nk, D, causal, dtype, o.dtype))
+        _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv)
+
+
+FP8_CASES = [(2, 4, 2, 300, 517, 128, True), (2, 4, 4, 1000, 1000, 64, False),
+             (1, 4, 1, 257, 300, 96, True), (2, 2, 2, 777, 1025, 256, False),
+             (1, 8, 8, 2048, 2048, 128, True)]
+
+
+@pytest.mark.skipif(not GPU or torch.cuda.get_device_capability() < (8, 9), reason="FP8 needs sm_89+")
+@pytest.mark.parametrize("dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_fp8_forward(dtype, case):
+    *shape, causal = case
+    (q8, dq), (k8, dk), (v8, dv) = make_fp8(*shape, dtype, seed=sum(shape))
+    for out_dtype in (torch.float16, torch.bfloat16):
+        o, lse = flash_tuned.flash_attention_fp8(q8, k8, v8, causal=causal, descale_q=dq,
+                                                 descale_k=dk, descale_v=dv, out_dtype=out_dtype)
+        assert o.dtype == out_dtype and o.shape == q8.shape and lse.shape == q8.shape[:3]
+        assert_not_trivial(o)
+        _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv)
