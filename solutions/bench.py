@@ -123,7 +123,7 @@ def _eager_ms(step, grads):
                                    return_mode="median")
 
 
-def _graph_ms(step, grads):
+def _graph_ms(step, grads, rep=REP_MS):
     """Median time (ms) of the step replayed from a CUDA graph: the GPU's work alone."""
     import triton
     side = torch.cuda.Stream()
@@ -139,7 +139,7 @@ def _graph_ms(step, grads):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=REP_MS, return_mode="median")
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=rep, return_mode="median")
     del graph
     for t in grads:
         t.grad = None

@@ -41,6 +41,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from solutions.bench import _graph_ms  # (the same CUDA-graph timing as the main benchmark)
+
 FIELDS = ["section", "dtype", "D", "N", "causal", "mode", "impl", "ms", "tflops", "err",
           "err_kernel", "config", "status"]
 LENGTHS = (1024, 4096, 16384)
@@ -396,26 +398,6 @@ def run_check(case):
                  status="ok" if ok else "WRONG")]
 
 
-def _graph_ms(step, grads):
-    import triton
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            for t in grads:
-                t.grad = None
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    for t in grads:
-        t.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=REP_MS, return_mode="median")
-    del graph
-    return ms
-
-
 def run_small(case, reps):
     from solutions import flash_tuned
     from solutions.flash_backward import flash_attention
@@ -443,7 +425,7 @@ def run_small(case, reps):
     for _ in range(reps):
         for name, fn in fns.items():
             eager[name].append(_ms(fn))
-            graph[name].append(_graph_ms(fn, grads))
+            graph[name].append(_graph_ms(fn, grads, rep=REP_MS))
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(20):
