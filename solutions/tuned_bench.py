@@ -307,7 +307,6 @@ def _ref32(q, k, v, causal, rows=2048):
 
 
 def run_fp8(case):
-    from solutions import flash_tuned as ft
     q32, k32, v32 = _inputs(case)
     c = case["causal"]
     impls, refs = _fp8_impls(case, q32, k32, v32)
@@ -399,7 +398,6 @@ def run_check(case):
 
 
 def run_small(case, reps):
-    from solutions import flash_tuned
     from solutions.flash_backward import flash_attention
     q, k, v = (t.to(case["dtype"]).requires_grad_(True) for t in _inputs(case))
     c = case["causal"]
