@@ -444,12 +444,15 @@ def flash_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, *, fused=Fa
     (which also stores delta), then the dK/dV kernel; fused=True: the preprocessing
     kernel, then the dK/dV kernel adding dQ into an fp32 buffer with atomics.
     block_m, block_n: query and key rows per tile; by default 32 in the interpreter, and
-    on a GPU 64, 32 or 16 as [block, D] tiles grow (they must fit in shared memory).
+    on a GPU 64, 32 or 16 as [block, D] tiles grow (they must fit in shared memory), at
+    most 32 in fp32.
     """
     B, H, Hkv, Nq, Nk, D = check_backward_inputs(q, k, v, o, lse, do)
     sm_scale = default_scale(sm_scale, D)  # 1/sqrt(D) when None
     row_bytes = q.element_size() * D
     block = (64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16) if q.is_cuda else 32
+    if q.dtype == torch.float32:  # exact fp32 dots unroll on the FMA units: on an H100 the
+        block = min(block, 32)    # 64-row kernels took 12-44 s each to compile, 32-row 1-5 s
     block_m, block_n = block_m or block, block_n or block
     # The kernels take q, k, v through their strides (head dim contiguous), and o, dO,
     # lse and every buffer made here as contiguous tensors.

@@ -279,6 +279,11 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, *, block_q=None, block
     if q.is_cuda:
         block_q = block_q or (64 if big_d else 128)
         block_k = block_k or (32 if big_d else 64)
+        # Triton 3.6 on an H100 gets K stored key-major ([.., D, N], head dim strided) wrong
+        # with these tiles when D <= 32 in fp16: errors near 1, or an illegal address
+        # (ARCHITECTURE.md, "Known gaps"). A contiguous copy of such a K is always right.
+        if k.stride(-1) != 1:
+            k = k.contiguous()
     else:  # small tiles keep the interpreter's per-block cost low
         block_q, block_k = block_q or 32, block_k or 32
     o = torch.empty_like(q)

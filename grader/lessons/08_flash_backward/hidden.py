@@ -139,10 +139,10 @@ def _kernel_cases(case):
     case(1, 2, 1, 19, 66, 24, F16, seed=SEEDS[2], kind="big_v", blocks=(32, 16))
     case(1, 1, 1, 23, 50, 16, F32, seed=SEEDS[0], kind="big_v_negative", causal=True,
          layouts=("bnhd", "sliced", "bnhd"))
-    if not INTERPRET:
+    if not INTERPRET:  # (fp32 at D <= 64: exact fp32 dots at D = 96 took 14 s to compile)
         case(2, 8, 2, 1000, 777, 128, BF16, seed=SEEDS[1], causal=True, blocks=(64, 64))
         case(1, 4, 4, 333, 901, 64, F16, seed=SEEDS[2], blocks=(64, 32), layouts=("bnhd",) * 3)
-        case(2, 2, 1, 300, 300, 96, F32, seed=SEEDS[0], causal=True, blocks=(32, 32))
+        case(2, 2, 1, 300, 300, 40, F32, seed=SEEDS[0], causal=True, blocks=(32, 32))
 
 
 def test_bwd_dkdv_kernel(kernel):
@@ -182,7 +182,7 @@ def test_flash_backward(fn, kernel):
     if not INTERPRET:  # real sizes, default GPU blocks
         case(2, 8, 2, 1024 + 7, 2048 - 3, 128, BF16, seed=SEEDS[1], causal=True, layouts=("bnhd",) * 5)
         case(1, 4, 4, 700, 700, 64, F16, seed=SEEDS[2], fused=True)
-        case(1, 2, 1, 300, 500, 96, F32, seed=SEEDS[0], causal=True)
+        case(1, 2, 1, 300, 500, 40, F32, seed=SEEDS[0], causal=True)
     x = torch.ones(1, 2, 8, 16, device=visible.DEVICE)
     longer = torch.ones(1, 2, 9, 16, device=visible.DEVICE)
     lse = torch.zeros(1, 2, 8, device=visible.DEVICE)

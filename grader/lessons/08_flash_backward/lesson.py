@@ -460,7 +460,9 @@ checks.check_accumulate_dq(bwd_dkdv_kernel)
 #   device or head dim); the kernels take the scale `default_scale(sm_scale, D)`;
 # - blocks: `block_m` and `block_n` when given; otherwise 32 in the interpreter, and on a GPU
 #   64, 32 or 16 as a row of `D` elements takes at most 256, 512 or more bytes (tiles of
-#   `[block, D]` must fit in shared memory); `BLOCK_D = max(16, next_power_of_2(D))`;
+#   `[block, D]` must fit in shared memory), and at most 32 for fp32 inputs (exact fp32
+#   dots unroll on the FMA units: a 64-row kernel takes Triton up to 40 s to compile);
+#   `BLOCK_D = max(16, next_power_of_2(D))`;
 # - `q`, `k`, `v` as they are when their head dim is contiguous (`.contiguous()` otherwise);
 #   `o`, `do` and `lse` contiguous; allocate `delta` (fp32 `[B, H, Nq]`), `dk` and `dv` (like
 #   `k` and `v`) with `torch.empty`;
