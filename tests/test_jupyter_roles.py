@@ -9,10 +9,8 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 
 import pytest
@@ -20,6 +18,7 @@ import pytest
 from grader import jupyter_roles, paths
 from grader.learner_copy import build_learner_copy
 from grader.nbgrader_setup import COURSE_ID
+from tests import servers
 from tests.test_exchange import _instructor
 
 pytestmark = pytest.mark.xdist_group("jupyter_roles")  # one module fixture, one worker
@@ -35,18 +34,12 @@ def course(tmp_path_factory):
     return course
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _server(command, cwd, work, env=None):
     """A Jupyter server started by `command`, with config, data and runtime folders of its
     own (nothing from this machine's user); yields request(method, path) -> (status,
     headers, body)."""
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = servers.free_port(), secrets.token_hex(16)
     env = dict(os.environ, **(env or {}), HOME=str(work / "home"),
                JUPYTER_CONFIG_DIR=str(work / "config"), JUPYTER_DATA_DIR=str(work / "data"),
                JUPYTER_RUNTIME_DIR=str(work / "runtime"))
@@ -64,22 +57,10 @@ def _server(command, cwd, work, env=None):
         return response.status, dict(response.getheaders()), response.read().decode()
 
     try:
-        deadline = time.time() + 120
-        while True:
-            assert server.poll() is None, log.read_text()[-3000:]
-            assert time.time() < deadline, log.read_text()[-3000:]
-            with contextlib.suppress(OSError):
-                if request("GET", "/api/status")[0] == 200:
-                    break
-            time.sleep(0.5)
+        servers.wait_until_answering(server, log, lambda: request("GET", "/api/status")[0] == 200, 120)
         yield request
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        servers.stop(server)
 
 
 def _page_config(request):

@@ -18,7 +18,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from grader import paths
+from tests import servers
 from tests import submissions as subs
 
 LESSON, EXERCISE = "00_foundations", "q01_l2_norm"
@@ -50,12 +50,6 @@ def _needed(found, what):
     if os.environ.get("COURSE_CI"):
         pytest.fail(message)
     pytest.skip(message)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _processes_naming(marker: bytes):
@@ -91,7 +85,7 @@ def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
     for user in (INSTRUCTOR, LEARNER):
         _home(root, user)
-    port = _free_port()
+    port = servers.free_port()
     env = {**os.environ, "COURSE_HUB_TEST": "1", "COURSE_HUB_ROOT": str(root),
            "COURSE_HUB_INSTRUCTORS": INSTRUCTOR,
            # The learners' servers run from this environment: installing the learner copy
@@ -102,30 +96,18 @@ def hub(tmp_path_factory):
         process = subprocess.Popen(
             [str(pathlib.Path(sys.prefix) / "bin" / "jupyterhub"),
              "-f", str(paths.REPO / "jupyterhub" / "jupyterhub_config.py"),
-             "--ip=127.0.0.1", f"--port={port}", f"--JupyterHub.hub_port={_free_port()}",
-             f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{_free_port()}"],
+             "--ip=127.0.0.1", f"--port={port}", f"--JupyterHub.hub_port={servers.free_port()}",
+             f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{servers.free_port()}"],
             cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while True:
-            assert process.poll() is None, f"the hub exited:\n{log.read_text()[-3000:]}"
-            try:
-                urllib.request.urlopen(f"{url}/hub/api", timeout=2)
-                break
-            except OSError:
-                assert time.time() < deadline, f"the hub did not answer:\n{log.read_text()[-3000:]}"
-                time.sleep(0.5)
+        servers.wait_until_answering(
+            process, log, lambda: bool(urllib.request.urlopen(f"{url}/hub/api", timeout=2)), 60)
         yield types.SimpleNamespace(url=url, root=root, course=root / "course", chromium=chromium)
     finally:
         # SIGTERM: the hub stops every server (and so their kernels) and its proxy. Anything
         # still running after that is killed, and must then be gone.
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        servers.stop(process)
         marker = str(root).encode()
         for pid in _processes_naming(marker):
             try:
