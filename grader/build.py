@@ -215,4 +215,7 @@ def build(names=None, modules_dir=None):
         print(f"built {target}")
     if modules_dir == paths.MODULES:
         print(f"wrote {write_explanations()}")
+        from grader import answer_key
+        for name in set(names) & set(answer_key.lessons()):
+            print(f"wrote {answer_key.write(name)}")
     return names

@@ -31,7 +31,7 @@ dependencies = ["torch>=2.5", "triton>=3.6", "numpy", "matplotlib", "jupyterlab"
 packages = ["course", "course.checks"]
 
 [tool.setuptools.package-data]
-course = ["explanations.json"]
+course = ["explanations.json", "recorded/*.json"]
 """
 
 _RUN_SH = """\

@@ -18,7 +18,7 @@ import triton
 from course import DEVICE, INTERPRET
 from course.checks import attention_patterns as checks
 from course.testing import CheckFailed, assert_close, randn
-from grader.paths import lesson_file
+from grader import answer_key
 from solutions import attention_patterns as ap
 
 F32, F16 = torch.float32, torch.float16
@@ -262,11 +262,11 @@ def test_reference_passes_visible_checks_and_hidden_tests(test_cell):
     check, args = CHECKED[test_cell]
     extra = {"name": test_cell[5:] + "_answer"} if check == "check_choice" else {}
     getattr(checks, check)(*args, **extra)
-    getattr(lesson_file("09_attention_patterns", "hidden"), test_cell)(*args)
+    getattr(answer_key.hidden("09_attention_patterns"), test_cell)(*args)
 
 
 def test_wrong_answers_fail():
-    hidden = lesson_file("09_attention_patterns", "hidden")
+    hidden = answer_key.hidden("09_attention_patterns")
     for test_cell, right in (("test_relative", ap.relative_answer),
                              ("test_window_blocks", ap.window_blocks_answer)):
         for wrong in set("abcd") - {right}:

@@ -16,7 +16,7 @@ from torch.nn.attention.bias import causal_lower_right
 from course import DEVICE, INTERPRET
 from course.checks import attention_variants as checks
 from course.testing import CheckFailed, assert_close, count_launches, randn
-from grader.paths import lesson_file
+from grader import answer_key
 from solutions import attention_variants as av
 
 F32, F16 = torch.float32, torch.float16
@@ -210,11 +210,11 @@ def test_reference_passes_visible_checks_and_hidden_tests(test_cell):
     check, args = CHECKED[test_cell]
     extra = {"name": test_cell[5:] + "_answer"} if check == "check_choice" else {}
     getattr(checks, check)(*args, **extra)
-    getattr(lesson_file("06_attention_variants", "hidden"), test_cell)(*args)
+    getattr(answer_key.hidden("06_attention_variants"), test_cell)(*args)
 
 
 def test_wrong_answers_fail():
-    hidden = lesson_file("06_attention_variants", "hidden")
+    hidden = answer_key.hidden("06_attention_variants")
     for test_cell, right in (("test_decode_align", av.decode_align_answer),
                              ("test_sdpa_causal", av.sdpa_causal_answer)):
         for wrong in set("abcd") - {right}:

@@ -12,8 +12,7 @@ import torch
 
 from course.checks import block_tuning as checks
 from course.testing import CheckFailed
-from grader import paths
-from grader.paths import lesson_file
+from grader import answer_key, paths
 from solutions import block_tuning as key
 from solutions import block_sweep, flash_tuned
 from solutions.naive_attention import flash_dram_accesses
@@ -249,11 +248,11 @@ def test_reference_passes_visible_checks_and_hidden_tests(test_cell):
     check, args = CHECKED[test_cell]
     extra = {"name": test_cell[5:] + "_answer"} if check == "check_choice" else {}
     getattr(checks, check)(*args, **extra)
-    getattr(lesson_file("07_block_tuning", "hidden"), test_cell)(*args)
+    getattr(answer_key.hidden("07_block_tuning"), test_cell)(*args)
 
 
 def test_wrong_answers_fail():
-    hidden = lesson_file("07_block_tuning", "hidden")
+    hidden = answer_key.hidden("07_block_tuning")
     for test_cell, right in (("test_fastest", key.fastest_answer), ("test_why", key.why_answer)):
         for wrong in set("abcd") - {right}:
             with pytest.raises(CheckFailed, match="not the right choice"):

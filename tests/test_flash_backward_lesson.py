@@ -17,8 +17,7 @@ import torch
 from course import DEVICE, INTERPRET
 from course.checks import flash_backward as checks
 from course.testing import CheckFailed, assert_close, randn
-from grader import paths, rules
-from grader.paths import lesson_file
+from grader import answer_key, paths, rules
 from solutions import flash_backward as fb
 from solutions.naive_attention import attention_reference, attention_scores
 from tests import submissions as subs
@@ -181,7 +180,7 @@ def test_the_answer_keys_fused_kernel_adds_dq_atomically():
 
 
 def test_the_atomic_rule_reads_the_submitted_notebook():
-    rule = lesson_file(LESSON, "hidden").AtomicDQ()
+    rule = answer_key.hidden(LESSON).AtomicDQ()
 
     def problems(nb):
         cells = [rules.Cell(f"cell {i}", c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
@@ -216,11 +215,11 @@ def test_reference_passes_visible_checks_and_hidden_tests(test_cell):
     check, args = CHECKED[test_cell]
     extra = {"name": "fused_tradeoff_answer"} if check == "check_choice" else {}
     getattr(checks, check)(*args, **extra)
-    getattr(lesson_file(LESSON, "hidden"), test_cell)(*args)
+    getattr(answer_key.hidden(LESSON), test_cell)(*args)
 
 
 def test_wrong_tradeoff_answers_fail():
-    hidden = lesson_file(LESSON, "hidden")
+    hidden = answer_key.hidden(LESSON)
     for wrong in set("abcd") - {fb.fused_tradeoff_answer}:
         with pytest.raises(CheckFailed, match="not the right choice"):
             hidden.test_fused_tradeoff(wrong)

@@ -15,8 +15,7 @@ import torch
 from course import DEVICE, INTERPRET
 from course.checks import flash_forward as checks
 from course.testing import CheckFailed, assert_close, count_launches, randn
-from grader import paths
-from grader.paths import lesson_file
+from grader import answer_key, paths
 from solutions import flash_forward as ff
 from solutions.naive_attention import attention_reference
 
@@ -197,11 +196,11 @@ def test_reference_passes_visible_checks_and_hidden_tests(test_cell):
     check, args = CHECKED[test_cell]
     extra = {"name": test_cell[5:] + "_answer"} if check in ("check_choice", "check_number") else {}
     getattr(checks, check)(*args, **extra)
-    getattr(lesson_file("05_flash_forward", "hidden"), test_cell)(*args)
+    getattr(answer_key.hidden("05_flash_forward"), test_cell)(*args)
 
 
 def test_wrong_answers_fail():
-    hidden = lesson_file("05_flash_forward", "hidden")
+    hidden = answer_key.hidden("05_flash_forward")
     for test_cell, right in (("test_grid_axis", ff.grid_axis_answer), ("test_batch_heads", ff.batch_heads_answer),
                              ("test_grid_limit", ff.grid_limit_answer)):
         for wrong in set("abcd") - {right}:

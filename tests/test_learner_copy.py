@@ -89,6 +89,27 @@ def test_every_setup_cell_runs_in_a_fresh_environment(installed):
     assert "setup cells ok" in result.stdout, result.stderr[-3000:]
 
 
+def test_the_installed_checks_read_every_recorded_answer(installed):
+    """The visible checks' recorded answers (course/recorded.py) are installed with them."""
+    copy, python, site, _ = installed
+    from course import recorded
+    tables = {p.stem: json.loads(p.read_text()) for p in recorded.FOLDER.glob("*.json")}
+    assert tables
+    program = textwrap.dedent("""
+        import json, sys
+        from course import recorded
+        assert recorded.__file__.startswith(sys.argv[2]), recorded.__file__
+        for topic, table in json.loads(sys.argv[1]).items():
+            for name, values in table.items():
+                for args, value in values.items():
+                    assert recorded.answer(topic, name, *json.loads(args)) == value, (topic, name, args)
+        print("recorded answers ok")
+        """)
+    result = subprocess.run([python, "-c", program, json.dumps(tables), str(site)], capture_output=True,
+                            text=True, cwd=copy.parent, env={"PATH": "/usr/bin:/bin", "HOME": str(copy)})
+    assert "recorded answers ok" in result.stdout, result.stderr[-3000:]
+
+
 def _texts(root):
     return {p: p.read_text() for p in root.rglob("*")
             if p.is_file() and p.suffix in (".py", ".ipynb", ".json", ".md", ".toml", ".sh", ".txt")}

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import course
 from course.checks import masking as checks
+from grader import answer_key
 from grader.paths import lesson_file
 from solutions import masking as ref
 
@@ -131,7 +132,7 @@ CALLS = {  # exercise: arguments of its check and hidden test
 def test_visible_checks_and_hidden_tests_pass_the_reference(exercise):
     with contextlib.redirect_stdout(io.StringIO()):
         getattr(checks, f"check_{exercise}")(*CALLS[exercise])
-        getattr(lesson_file("02_masking", "hidden"), f"test_{exercise}")(*CALLS[exercise])
+        getattr(answer_key.hidden("02_masking"), f"test_{exercise}")(*CALLS[exercise])
 
 
 def test_catalog_has_the_classic_bugs():
@@ -164,7 +165,7 @@ def test_kernel_honours_strides_that_differ_between_input_and_output():
 
 def test_safe_softmax_rule_refuses_a_nan_fix_up():
     from grader import rules
-    hidden = lesson_file("02_masking", "hidden")
+    hidden = answer_key.hidden("02_masking")
     fixed_up = rules.Cell("safe_softmax", "def safe_softmax(scores, dim=-1):\n"
                                           "    return torch.softmax(scores, dim=dim).nan_to_num(0.0)\n")
     assert rules.problems(hidden.RULES["test_safe_softmax"], [fixed_up])

@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from course import DEVICE, INTERPRET
 from course.checks import naive_attention as checks
 from course.testing import CheckFailed, assert_close, count_launches
-from grader import paths
-from grader.paths import lesson_file
+from grader import answer_key, paths
 from solutions import naive_attention as key
 from solutions.softmax import softmax_kernel
 from solutions.tiling import batched_gemm_strided_kernel
@@ -210,10 +209,10 @@ CHECKED = {  # exercise -> the reference functions its check and hidden test tak
 @pytest.mark.parametrize("exercise", CHECKED)
 def test_reference_passes_visible_checks_and_hidden_tests(exercise):
     getattr(checks, f"check_{exercise}")(*CHECKED[exercise])
-    getattr(lesson_file("04_naive_attention", "hidden"), f"test_{exercise}")(*CHECKED[exercise])
+    getattr(answer_key.hidden("04_naive_attention"), f"test_{exercise}")(*CHECKED[exercise])
 
 
 @pytest.mark.parametrize("answer", ["bottleneck_answer", "head_dim_answer"])
 def test_answers_pass_their_hidden_tests(answer):
     checks.check_choice(getattr(key, answer), name=answer)
-    getattr(lesson_file("04_naive_attention", "hidden"), f"test_{answer}")(getattr(key, answer))
+    getattr(answer_key.hidden("04_naive_attention"), f"test_{answer}")(getattr(key, answer))

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from grader import answer_key
 from grader.paths import lesson_file
 from solutions import softmax as ref
 from course.checks import softmax as checks
@@ -16,7 +17,7 @@ def test_reference_passes_visible_checks():
 
 
 def test_reference_passes_hidden_tests():
-    hidden = lesson_file("01_softmax", "hidden")
+    hidden = answer_key.hidden("01_softmax")
     hidden.test_softmax_naive(ref.softmax_naive)
     hidden.test_softmax_stable(ref.softmax_stable)
     hidden.test_online_softmax(ref.online_softmax)

@@ -11,8 +11,7 @@ import triton.language as tl
 from course import DEVICE, INTERPRET
 from course.checks import tiling as checks
 from course.testing import CheckFailed, assert_close, count_launches, randn
-from grader import paths
-from grader.paths import lesson_file
+from grader import answer_key, paths
 from solutions import tiling
 
 DTYPES = (torch.float32, torch.float16)
@@ -182,7 +181,7 @@ CHECKED = {  # exercise -> the reference functions its check and hidden test tak
 @pytest.mark.parametrize("exercise", CHECKED)
 def test_reference_passes_visible_checks_and_hidden_tests(exercise):
     getattr(checks, f"check_{exercise}")(*CHECKED[exercise])
-    getattr(lesson_file("03_tiling", "hidden"), f"test_{exercise}")(*CHECKED[exercise])
+    getattr(answer_key.hidden("03_tiling"), f"test_{exercise}")(*CHECKED[exercise])
 
 
 @pytest.mark.skipif(not INTERPRET, reason="on a GPU the kernels compile when they run")

@@ -8,6 +8,7 @@ import triton
 
 from course import DEVICE, INTERPRET
 from course.gpu_compile import compile_for_gpu
+from course.recorded import answer
 from course.testing import (assert_close, assert_not_trivial,
                             check_rejects, dtype_name, explain_nan_from_guards, fail,
                             guarded_input, guarded_output, randn, run_wrapper, tolerance,
@@ -195,33 +196,33 @@ def check_tiled_matmul(tiled_matmul):
 # ---------------------------------------------------------------------------------------
 # dram_reads, dram_reads_untiled
 
-def reference_dram_reads(m, n, k, tile):
-    return m * k * triton.cdiv(n, tile) + k * n * triton.cdiv(m, tile)
+_DRAM_READS_MISTAKES = (  # what each value of answers.py's dram_reads_mistakes comes from
+    "you counted full tiles only: a ragged last tile is still read in full, so count tiles "
+    "with ceil(n / tile) (triton.cdiv), not n // tile",
+    "A and B are swapped: each element of A is read once per block COLUMN of C (ceil(n / "
+    "tile) times), each element of B once per block ROW (ceil(m / tile))",
+    "that counts each input once, as if everything stayed in SRAM")
 
 
 def case_dram_reads(dram_reads, dram_reads_untiled, m, n, k, tile):
     name = f"dram_reads(m={m}, n={n}, k={k}, tile={tile})"
     got = dram_reads(m, n, k, tile)
-    want = reference_dram_reads(m, n, k, tile)
+    want = answer("tiling", "dram_reads", m, n, k, tile)
+    why = dict(zip(answer("tiling", "dram_reads_mistakes", m, n, k, tile), _DRAM_READS_MISTAKES))
     if got != want:
-        why = {m * k * (n // tile) + k * n * (m // tile):
-               "you counted full tiles only: a ragged last tile is still read in full, so "
-               "count tiles with ceil(n / tile) (triton.cdiv), not n // tile",
-               m * k * triton.cdiv(m, tile) + k * n * triton.cdiv(n, tile):
-               "A and B are swapped: each element of A is read once per block COLUMN of C "
-               "(ceil(n / tile) times), each element of B once per block ROW (ceil(m / tile))",
-               m * k + k * n: "that counts each input once, as if everything stayed in SRAM"}
         fail(f"{name} is {got}, expected {want}. " + why.get(got, "Follow the model in the "
              "docstring: A is read ceil(n / tile) times, B ceil(m / tile) times."))
-    untiled = dram_reads_untiled(m, n, k)
-    if untiled != 2 * m * n * k:
-        fail(f"dram_reads_untiled(m={m}, n={n}, k={k}) is {untiled}, expected {2 * m * n * k}: "
+    untiled, want = dram_reads_untiled(m, n, k), answer("tiling", "dram_reads_untiled", m, n, k)
+    if untiled != want:
+        fail(f"dram_reads_untiled(m={m}, n={n}, k={k}) is {untiled}, expected {want}: "
              "each of the m*n outputs reads a row of A (k elements) and a column of B (k)")
 
 
+DRAM_READS_CASES = [(64, 64, 64, 16), (100, 70, 64, 32), (5, 5, 5, 8), (7, 3, 2, 1), (4096, 4096, 64, 128)]
+
+
 def check_dram_reads(dram_reads, dram_reads_untiled):
-    for m, n, k, tile in [(64, 64, 64, 16), (100, 70, 64, 32), (5, 5, 5, 8), (7, 3, 2, 1),
-                          (4096, 4096, 64, 128)]:
+    for m, n, k, tile in DRAM_READS_CASES:
         case_dram_reads(dram_reads, dram_reads_untiled, m, n, k, tile)
     print("ok  dram_reads and dram_reads_untiled follow the model")
 
@@ -572,14 +573,6 @@ def check_batched_gemm_ptrs(batched_gemm_ptrs, batched_gemm_ptrs_kernel):
 # ---------------------------------------------------------------------------------------
 # compare_dispatch
 
-def dispatch_model(B, H, M, N, K, dtype, tile):
-    """{strategy: (launches, bytes)} as compare_dispatch's docstring defines them."""
-    pairs, size = B * H, torch.empty((), dtype=dtype).element_size()
-    gemm = pairs * (reference_dram_reads(M, N, K, tile) + M * N) * size
-    return {"loop": (pairs, gemm), "strided": (1, gemm), "ptrs": (1, gemm + pairs * 6 * 8),
-            "stack": (3, gemm + 2 * pairs * (M * K + K * N) * size)}
-
-
 _GEMM_BYTES = "pairs * (dram_reads(M, N, K, TILE) + M * N) * element size"
 _DISPATCH_HINTS = {  # strategy: (launches, bytes), as the docstring counts them
     "loop": ("one matmul launch per (batch, head) pair: B * H", _GEMM_BYTES),
@@ -598,7 +591,7 @@ def case_compare_dispatch(fn, B, H, M, N, K, dtype, tile):
     if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
         fail(f"{name} should return a list of dicts, got {type(rows).__name__}")
     by_name = {r.get("strategy"): r for r in rows}
-    for strategy, (launches, size) in dispatch_model(B, H, M, N, K, dtype, tile).items():
+    for strategy, (launches, size) in answer("tiling", "dispatch_model", B, H, M, N, K, dtype, tile).items():
         row = by_name.get(strategy)
         if row is None:
             fail(f"{name} has no row with strategy {strategy!r} (rows: {list(by_name)})")
@@ -615,9 +608,12 @@ def case_compare_dispatch(fn, B, H, M, N, K, dtype, tile):
                  f"microseconds on the GPU, got {us!r}")
 
 
+DISPATCH_CASES = [(2, 4, 100, 100, 64, torch.float16), (1, 3, 50, 70, 32, torch.float32),
+                  (8, 16, 1, 512, 64, torch.float16)]
+
+
 def check_compare_dispatch(compare_dispatch, tile):
-    for B, H, M, N, K, dtype in [(2, 4, 100, 100, 64, torch.float16), (1, 3, 50, 70, 32, torch.float32),
-                                 (8, 16, 1, 512, 64, torch.float16)]:
+    for B, H, M, N, K, dtype in DISPATCH_CASES:
         case_compare_dispatch(compare_dispatch, B, H, M, N, K, dtype, tile)
     print("ok  compare_dispatch: launches and bytes of the four strategies")
 

@@ -1,0 +1,106 @@
+"""The grader's side of course/recorded.py: what the visible checks ask the answer key.
+
+grader/lessons/<lesson>/answers.py defines each function a check may ask for (the answer
+key's own, imported from solutions/, and the values of the classic mistakes) and names in
+CHECKS the visible checks that ask. `record(lesson)` runs those checks' test cells on the
+answer key and keeps every answer they asked for: the table that `python -m grader build`
+writes to course/recorded/<topic>.json for the learner's copy. `resolve` is what the
+grader computes with while a hidden test runs (`hidden(lesson)`).
+"""
+import contextlib
+import importlib
+import io
+import json
+
+from grader import paths
+
+
+def lessons() -> list:
+    """The lessons whose checks ask for recorded answers."""
+    return [name for name in paths.lesson_names() if (paths.LESSONS / name / "answers.py").exists()]
+
+
+def _answers(topic: str):
+    lesson, = [name for name in lessons() if paths.topic_of(name) == topic]
+    return paths.lesson_file(lesson, "answers")
+
+
+def resolve(topic: str, name: str):
+    """The function that computes answer(topic, name, ...)."""
+    return getattr(_answers(topic), name)
+
+
+class _Hidden:
+    """A lesson's hidden tests, each run with the answer key in use."""
+
+    def __init__(self, lesson):
+        self._module = paths.lesson_file(lesson, "hidden")
+
+    def __getattr__(self, name):
+        value = getattr(self._module, name)
+        if not (name.startswith("test_") and callable(value)):
+            return value
+
+        def test(*args, **kwargs):
+            from course import recorded
+            with recorded.computing(resolve):
+                return value(*args, **kwargs)
+        return test
+
+
+def hidden(lesson: str):
+    """grader/lessons/<lesson>/hidden.py, whose test functions compute the answers their
+    checks ask for (a hidden test's inputs are not the recorded, visible ones)."""
+    return _Hidden(lesson)
+
+
+def record(lesson: str) -> dict:
+    """{name: {arguments key: value}} of every answer the lesson's CHECKS ask for when
+    their test cells run on the answer key, and of the calls in answers.EXTRA (inputs a
+    check uses only in the other mode, CPU or GPU)."""
+    from course import recorded
+    from grader.build import _lesson_cells
+    topic = paths.topic_of(lesson)
+    answers = paths.lesson_file(lesson, "answers")
+    table = {}
+
+    def recording(topic_asked, name):
+        if topic_asked != topic:
+            raise ValueError(f"{lesson}: a check asked {topic_asked}'s answer {name}: each module "
+                             "asks its own answers.py")
+        compute = resolve(topic_asked, name)
+
+        def call(*args):
+            value = compute(*args)
+            table.setdefault(name, {})[recorded.key(args)] = recorded.as_json(value)
+            return value
+        return call
+
+    cells = [c.source for c in _lesson_cells(lesson).cells
+             if c.metadata.get("nbgrader", {}).get("grade")
+             and any(f"checks.{check}(" in c.source for check in answers.CHECKS)]
+    if len(cells) != len(answers.CHECKS):
+        raise ValueError(f"{lesson}: answers.CHECKS names {answers.CHECKS}, found {len(cells)} test cells")
+    namespace = dict(vars(importlib.import_module(f"solutions.{topic}")),
+                     checks=importlib.import_module(f"course.checks.{topic}"))
+    with recorded.computing(recording), contextlib.redirect_stdout(io.StringIO()):
+        for source in cells:
+            exec(source, namespace)
+        for name, args in getattr(answers, "EXTRA", []):
+            recorded.answer(topic, name, *args)
+    return {name: dict(sorted(values.items())) for name, values in sorted(table.items())}
+
+
+def write(lesson: str):
+    """course/recorded/<topic>.json from record(lesson)."""
+    from course import recorded
+    recorded.FOLDER.mkdir(exist_ok=True)
+    path = recorded.FOLDER / f"{paths.topic_of(lesson)}.json"
+    table = record(lesson)
+    # One line per answer, so that a change of the answer key reads as a diff of lines.
+    names = [f" {json.dumps(name)}: {{\n" + ",\n".join(f"  {json.dumps(args)}: {json.dumps(value)}"
+                                                      for args, value in values.items()) + "\n }"
+             for name, values in table.items()]
+    path.write_text("{\n" + ",\n".join(names) + "\n}\n")
+    assert json.loads(path.read_text()) == table
+    return path
