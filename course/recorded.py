@@ -7,15 +7,20 @@ from `course/recorded/tiling.json`, which `python -m grader build` writes by run
 lesson's visible checks against the answer key (grader/answer_key.py): results for the
 visible checks' own inputs only. The grader runs hidden tests inside `computing(resolve)`,
 where the same call computes the value with the answer key, so a hidden test may ask about
-inputs no learner has seen. Arguments and values are JSON (numbers, strings, lists,
-dicts; a dtype is named by its string), and both ways return the same JSON-shaped value.
+inputs no learner has seen. Arguments are numbers, strings, dtypes (named by their
+string) and tensors (named by their values' digest); values are JSON (numbers, strings,
+lists, dicts), the same shape both ways. A classic mistake's tensor output is recorded as
+a `signature`: the entries where it differs most from the right output.
 Only what the checks ask while the answer key passes them is recorded: a check asks for
 every answer it may need (the classic mistakes' values too) before it compares.
 """
 import contextlib
 import functools
+import hashlib
 import json
 import pathlib
+
+import torch
 
 FOLDER = pathlib.Path(__file__).with_name("recorded")
 _computing = []  # the resolver in use: resolve(topic, name) -> function
@@ -27,9 +32,13 @@ def key(args) -> str:
 
 
 def _name(value):
-    if type(value).__name__ == "dtype":  # torch.float16 -> "torch.float16"
+    if isinstance(value, torch.dtype):  # torch.float16 -> "torch.float16"
         return str(value)
-    raise TypeError(f"a recorded answer takes numbers, strings and dtypes, not {type(value).__name__}")
+    if isinstance(value, torch.Tensor):  # by its values: the same on any device and layout
+        data = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+        return f"{str(value.dtype)[6:]}{list(value.shape)} {hashlib.sha1(data.tobytes()).hexdigest()[:16]}"
+    raise TypeError(f"a recorded answer takes numbers, strings, dtypes and tensors, not "
+                    f"{type(value).__name__}")
 
 
 def as_json(value):
@@ -53,6 +62,15 @@ def answer(topic: str, name: str, *args):
     except KeyError:
         raise LookupError(f"no recorded answer for {name}{tuple(args)}: the visible checks "
                           "know the answers for their own inputs only") from None
+
+
+def matches(output, signature, atol, rtol) -> bool:
+    """Whether output (a float64 tensor on the CPU) agrees with a recorded signature."""
+    if list(output.shape) != signature["shape"]:
+        return False
+    at = torch.tensor(signature["at"], dtype=torch.long)
+    values = torch.tensor(signature["values"], dtype=torch.float64)
+    return torch.allclose(output.reshape(-1)[at], values, atol=atol, rtol=rtol, equal_nan=True)
 
 
 @contextlib.contextmanager

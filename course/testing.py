@@ -136,9 +136,14 @@ def assert_close(actual, expected, *, name="output", atol=None, rtol=None,
 
 
 def _mistake_text(a, mistakes, atol, rtol):
+    from course import recorded  # a mistake's output may be a recorded signature
     for description, wrong in (mistakes or {}).items():
-        wrong = torch.as_tensor(wrong).detach().to("cpu", torch.float64)
-        if wrong.shape == a.shape and torch.allclose(a, wrong, atol=atol, rtol=rtol, equal_nan=True):
+        if isinstance(wrong, dict):
+            same = recorded.matches(a, wrong, atol, rtol)
+        else:
+            wrong = torch.as_tensor(wrong).detach().to("cpu", torch.float64)
+            same = wrong.shape == a.shape and torch.allclose(a, wrong, atol=atol, rtol=rtol, equal_nan=True)
+        if same:
             return f"\n  this matches a classic mistake: {description}"
     return ""
 

@@ -4,6 +4,7 @@ import torch
 import triton
 
 from course import DEVICE
+from course.recorded import answer
 from course.testing import (assert_close, assert_not_trivial, check_rejects, dtype_name,
                             explain_nan_from_guards, fail, guarded_input, guarded_output, randn,
                             row_margin, run_wrapper, weight_tolerance)
@@ -34,12 +35,9 @@ def _wrong_dims(x, dim):
 
 
 def _max_mistakes(x, dim, where="slice along `dim`"):
-    """Outputs of the two classic ways to get the max subtraction wrong (none, or the max of
-    the whole tensor), computed in float32 as the learner's code would."""
-    x = x.float()
-    e, shifted = torch.exp(x), torch.exp(x - x.max())
-    return {OVERFLOW.format(where=where): e / e.sum(dim=dim, keepdim=True),
-            UNDERFLOW: shifted / shifted.sum(dim=dim, keepdim=True)}
+    """{description: recorded output} of the two classic ways to get the max subtraction
+    wrong: none, or the max of the whole tensor."""
+    return dict(zip((OVERFLOW.format(where=where), UNDERFLOW), answer("softmax", "max_mistakes", x, dim)))
 
 
 def extreme_rows(n_rows, n_cols, *, seed, dtype=torch.float32, device="cpu"):
@@ -100,28 +98,14 @@ def check_softmax_stable(softmax_stable):
                  name="softmax_stable(x, dim=1) on a 2x4x3 view far from zero both ways")
 
 
-def online_softmax_mistake(x, block_size, *, max_first=False, start=float("-inf")):
-    """A one-pass softmax gone wrong: max_first replaces the max before the sum is rescaled
-    (the outline's order), `start` is where the running max starts instead of -inf."""
-    m, l = torch.tensor(start), torch.tensor(0.0)
-    x = x.to(torch.float32)
-    for begin in range(0, x.numel(), block_size):
-        block = x[begin:begin + block_size]
-        m_new = torch.maximum(m, block.max())
-        l = l * torch.exp((m_new if max_first else m) - m_new) + torch.exp(block - m_new).sum()
-        m = m_new
-    return torch.exp(x - m) / l
-
-
 def case_online(fn, x, block_size, *, name, quiet=False):
     out = fn(x.clone(), block_size)
     assert_close(out, _reference(x, -1), name=name, quiet=quiet,
-                 mistakes={"the max is updated before the sum is rescaled, so the rescale "
-                           "factor exp(m_old - m_new) is always 1":
-                           online_softmax_mistake(x, block_size, max_first=True),
-                           "the running max started at 0, not -inf: for scores far below 0 every "
-                           "exp(x - 0) underflows to 0, the sum is 0 and 0 / 0 is NaN":
-                           online_softmax_mistake(x, block_size, start=0.0)},
+                 mistakes=dict(zip(("the max is updated before the sum is rescaled, so the rescale "
+                                    "factor exp(m_old - m_new) is always 1",
+                                    "the running max started at 0, not -inf: for scores far below 0 "
+                                    "every exp(x - 0) underflows to 0, the sum is 0 and 0 / 0 is NaN"),
+                                   answer("softmax", "online_mistakes", x, block_size))),
                  hint="when a block raises the max, multiply the old sum by exp(m_old - m_new) "
                       "before replacing m")
     assert_not_trivial(out, name=name)
@@ -140,15 +124,9 @@ def check_online_softmax(online_softmax):
 
 
 def _kernel_mistakes(x):
-    """{description: output} of the classic bugs of a row-softmax kernel on x [rows, cols]."""
-    n_rows, n_cols = x.shape
-    block = triton.next_power_of_2(n_cols)
-    padded = torch.cat([x.double(), x.new_zeros(n_rows, block - n_cols).double()], dim=1)
-    mistakes = {OTHER_ZERO: torch.softmax(padded, -1)[:, :n_cols], **_max_mistakes(x, -1, "row")}
-    if x.dtype != torch.float32:
-        e = torch.exp(x.float() - x.float().amax(-1, keepdim=True)).to(x.dtype)
-        mistakes[HALF_SUM] = e.double() / e.double().sum(-1, keepdim=True).to(x.dtype).double()
-    return mistakes
+    """{description: recorded output} of the classic bugs of a row-softmax kernel on x."""
+    descriptions = (OTHER_ZERO, OVERFLOW.format(where="row"), UNDERFLOW, HALF_SUM)
+    return dict(zip(descriptions, answer("softmax", "kernel_mistakes", x)))
 
 
 def case_kernel(kernel, x, *, gap=0, label="", quiet=False):

@@ -1,0 +1,52 @@
+"""What module 01's visible checks ask the answer key (course/recorded.py): the outputs of
+the classic mistakes, as signatures, by which a failing check names the slip."""
+import torch
+
+from grader.answer_key import signature
+
+CHECKS = ("check_softmax_naive", "check_softmax_stable", "check_online_softmax",
+          "check_softmax_kernel", "check_softmax")
+
+
+def _softmax(x, dim):
+    return torch.softmax(x.to(torch.float64), dim=dim)
+
+
+def max_mistakes(x, dim):
+    """No max subtracted; the max of the whole tensor subtracted (in float32, as the
+    learner's code would)."""
+    x32 = x.float()
+    e, shifted = torch.exp(x32), torch.exp(x32 - x32.max())
+    return [signature(e / e.sum(dim=dim, keepdim=True), _softmax(x, dim)),
+            signature(shifted / shifted.sum(dim=dim, keepdim=True), _softmax(x, dim))]
+
+
+def _online(x, block_size, *, max_first=False, start=float("-inf")):
+    m, total = torch.tensor(start), torch.tensor(0.0)
+    x = x.to(torch.float32)
+    for begin in range(0, x.numel(), block_size):
+        block = x[begin:begin + block_size]
+        m_new = torch.maximum(m, block.max())
+        total = total * torch.exp((m_new if max_first else m) - m_new) + torch.exp(block - m_new).sum()
+        m = m_new
+    return torch.exp(x - m) / total
+
+
+def online_mistakes(x, block_size):
+    """The max replaced before the sum is rescaled; the running max started at 0."""
+    return [signature(_online(x, block_size, max_first=True), _softmax(x, -1)),
+            signature(_online(x, block_size, start=0.0), _softmax(x, -1))]
+
+
+def kernel_mistakes(x):
+    """A row-softmax kernel's slips on x [rows, cols]: padding lanes loaded as 0, the max
+    mistakes, and (below float32) the exps summed in the input's dtype."""
+    n_rows, n_cols = x.shape
+    block = 1 << max(n_cols - 1, 0).bit_length()
+    padded = torch.cat([x.double(), x.new_zeros(n_rows, block - n_cols).double()], dim=1)
+    right = _softmax(x, -1)
+    mistakes = [signature(torch.softmax(padded, -1)[:, :n_cols], right), *max_mistakes(x, -1)]
+    if x.dtype != torch.float32:
+        e = torch.exp(x.float() - x.float().amax(-1, keepdim=True)).to(x.dtype)
+        mistakes.append(signature(e.double() / e.double().sum(-1, keepdim=True).to(x.dtype).double(), right))
+    return mistakes
