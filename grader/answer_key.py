@@ -73,14 +73,30 @@ def hidden(lesson: str):
     return _Hidden(lesson)
 
 
+def run_checks(lesson: str):
+    """Run the test cells of the checks named in answers.CHECKS on the answer key (its
+    functions under the notebook's names), their ok lines silenced."""
+    from grader.build import _lesson_cells
+    topic = paths.topic_of(lesson)
+    checks = paths.lesson_file(lesson, "answers").CHECKS
+    cells = [c.source for c in _lesson_cells(lesson).cells
+             if c.metadata.get("nbgrader", {}).get("grade")
+             and any(f"checks.{check}(" in c.source for check in checks)]
+    if len(cells) != len(checks):
+        raise ValueError(f"{lesson}: answers.CHECKS names {checks}, found {len(cells)} test cells")
+    namespace = dict(vars(importlib.import_module(f"solutions.{topic}")),
+                     checks=importlib.import_module(f"course.checks.{topic}"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        for source in cells:
+            exec(source, namespace)
+
+
 def record(lesson: str) -> dict:
     """{name: {arguments key: value}} of every answer the lesson's CHECKS ask for when
     their test cells run on the answer key, and of the calls in answers.EXTRA (inputs a
     check uses only in the other mode, CPU or GPU)."""
     from course import recorded
-    from grader.build import _lesson_cells
     topic = paths.topic_of(lesson)
-    answers = paths.lesson_file(lesson, "answers")
     table = {}
 
     def recording(topic_asked, name):
@@ -95,17 +111,9 @@ def record(lesson: str) -> dict:
             return value
         return call
 
-    cells = [c.source for c in _lesson_cells(lesson).cells
-             if c.metadata.get("nbgrader", {}).get("grade")
-             and any(f"checks.{check}(" in c.source for check in answers.CHECKS)]
-    if len(cells) != len(answers.CHECKS):
-        raise ValueError(f"{lesson}: answers.CHECKS names {answers.CHECKS}, found {len(cells)} test cells")
-    namespace = dict(vars(importlib.import_module(f"solutions.{topic}")),
-                     checks=importlib.import_module(f"course.checks.{topic}"))
-    with recorded.computing(recording), contextlib.redirect_stdout(io.StringIO()):
-        for source in cells:
-            exec(source, namespace)
-        for name, args in getattr(answers, "EXTRA", []):
+    with recorded.computing(recording):
+        run_checks(lesson)
+        for name, args in getattr(paths.lesson_file(lesson, "answers"), "EXTRA", []):
             recorded.answer(topic, name, *args)
     return {name: dict(sorted(values.items())) for name, values in sorted(table.items())}
 

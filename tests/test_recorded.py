@@ -20,6 +20,13 @@ def test_recorded_answers_equal_a_fresh_recording(lesson):
         f"{committed} is stale: run `python -m grader build {lesson}`"
 
 
+@pytest.mark.parametrize("lesson", answer_key.lessons())
+def test_the_answer_key_passes_the_visible_checks_from_the_tables_alone(lesson):
+    """What a learner's copy does: no answer computed, every one read (the grader computes
+    an answer a table lacks, so tests/test_bugs.py would not notice a missing one)."""
+    answer_key.run_checks(lesson)
+
+
 def test_every_recorded_table_belongs_to_a_lesson_with_answers():
     topics = {paths.topic_of(lesson) for lesson in answer_key.lessons()}
     assert {p.stem for p in recorded.FOLDER.glob("*.json")} == topics
@@ -35,3 +42,8 @@ def test_answers_come_from_the_table_and_are_computed_only_with_the_answer_key()
         model = recorded.answer("tiling", "dispatch_model", 2, 4, 100, 100, 64, torch.float16, 64)
     assert model == recorded.answer("tiling", "dispatch_model", 2, 4, 100, 100, 64, torch.float16, 64)
     assert model["loop"] == [8, 569600]
+    # The grader's run of a visible check reads the table, and computes only what it lacks.
+    with recorded.computing(lambda topic, name: None, missing_only=True):
+        assert recorded.answer("tiling", "dram_reads", 100, 70, 64, 32) == 37120
+    with recorded.computing(answer_key.resolve, missing_only=True):
+        assert recorded.answer("tiling", "dram_reads", 3, 5, 7, 2) == 133
