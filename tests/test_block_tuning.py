@@ -19,6 +19,7 @@ from solutions.naive_attention import flash_dram_accesses
 
 ROWS = key.sweep_rows()
 TEACHING = [r for r in ROWS if r["impl"] == "teaching"]
+ANSWERS = paths.lesson_file("07_block_tuning", "answers")
 
 
 def _config(row):
@@ -72,7 +73,7 @@ def test_random_configurations_exercise_every_rule():
     rng = random.Random(1)
     seen = set()
     for _ in range(100):
-        _, changes = checks.expected_config(*checks.random_config(rng))
+        _, changes = ANSWERS.block_config(*checks.random_config(rng))
         seen |= {name for name, *_ in changes}
     assert seen == set(key.BLOCK_KEYS) | {"q_len", "kv_len"}
 
@@ -134,6 +135,15 @@ def test_default_limit_is_this_machines():
     assert key.smem_limit() == expected
     exact, above = checks.limit_cases(expected)
     assert key.prune_configs([above, exact], 16, torch.float16) == [exact]
+
+
+def test_prune_check_reads_the_same_answers_with_any_default_limit():
+    """The visible check's default limit is the machine's (smem_limit()): whatever it is,
+    the answers recorded on a CPU suffice, and the reference passes."""
+    for default in (232448, 166912, 101376, 65536):
+        def prune(configs, head_dim, dtype, limit=default):
+            return key.prune_configs(configs, head_dim, dtype, limit)
+        checks.check_prune_configs(prune, lambda default=default: default)
 
 
 def test_stages_below_one_are_refused():

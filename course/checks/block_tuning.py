@@ -2,14 +2,15 @@
 functions on configurations the learner never sees (hundreds of them: everything here is
 arithmetic on whole numbers, so a case costs microseconds).
 
-Each expected value is computed here from the rules the lesson states; when a result
-differs, the classic mistakes are computed too, so that the message can name the one the
-result matches.
+Each expected value is the answer key's (course/recorded.py: recorded for these inputs,
+computed by the grader for a hidden test's), and so are the values of the classic
+mistakes, so that the message can name the one a result matches.
 """
 import random
 
 import torch
 
+from course.recorded import answer
 from course.testing import check_choice, check_rejects, fail  # noqa: F401 (check_choice: test cells)
 
 GRANULE = 16  # every block is a multiple of tl.dot's smallest tile side
@@ -21,33 +22,8 @@ LENGTHS = ("q_len", "kv_len")
 PADDED_BY = {"q_len": "block_q", "kv_len": "block_kv"}
 
 
-def _up(n, multiple):
-    return -(-n // multiple) * multiple
-
-
 # ---------------------------------------------------------------------------------------
 # check_block_config
-
-def expected_config(blocks, q_len, kv_len):
-    """(adjusted, changes): the configuration the three rules give, and each change as
-    (key, old, new, what its reason must name), in the order the rules make them."""
-    out = dict(blocks, q_len=q_len, kv_len=kv_len)
-    changes = []
-
-    def make(key, new, names):
-        if new != out[key]:
-            changes.append((key, out[key], new, names))
-            out[key] = new
-    for block, length in FORWARD:  # rule 1: no block longer than its sequence
-        make(block, min(out[block], _up(out[length], GRANULE)), str(out[length]))
-    for sub, parent in SUB_BLOCKS:  # rule 2: sub-blocks divide their (shrunk) blocks
-        size = out[parent] if out[sub] >= out[parent] else out[sub]
-        size = max(d for d in range(GRANULE, size + 1, GRANULE) if out[parent] % d == 0)
-        make(sub, out[sub] if out[parent] % out[sub] == 0 else size, parent)
-    for length, block in PADDED_BY.items():  # rule 3: pad up to a multiple of the block
-        make(length, _up(out[length], out[block]), block)
-    return out, changes
-
 
 def _divisors(n, at_most):
     return [d for d in range(GRANULE, min(n, at_most) + 1, GRANULE) if n % d == 0]
@@ -74,15 +50,15 @@ def _call_name(blocks, q_len, kv_len):
             f"q_len={q_len}, kv_len={kv_len})")
 
 
-def _wrong_block(key, got, want, blocks, out, q_len, kv_len):
+def _wrong_block(key, got, want, blocks, mistakes, q_len, kv_len):
     """Why a forward block (rule 1) is wrong."""
     length_name = dict(FORWARD)[key]
-    length, other = (q_len, kv_len) if key == "block_q" else (kv_len, q_len)
-    room = _up(length, GRANULE)
+    length = q_len if key == "block_q" else kv_len
+    room = mistakes["room"][key]
     if got == length and length % GRANULE:
         return (f"{key} became {length}, the sequence length itself: blocks are multiples of "
                 f"{GRANULE}, so round {length_name} = {length} up to one ({room})")
-    if key == "block_kv" and got == min(blocks[key], _up(other, GRANULE)) != want:
+    if key == "block_kv" and got == mistakes["kv_fitted_to_q_len"] != want:
         return ("block_kv was fitted to q_len, not kv_len: the key/value blocks follow the "
                 f"KV sequence, which in cross-attention has its own length (kv_len = {kv_len})")
     if got == blocks[key] and want < got:
@@ -131,7 +107,7 @@ def _wrong_length(key, got, want, blocks, out, lengths):
             f"above {length} is {want}")
 
 
-def _check_adjusted(adjusted, want, blocks, q_len, kv_len, name):
+def _check_adjusted(adjusted, want, mistakes, blocks, q_len, kv_len, name):
     if not isinstance(adjusted, dict):
         fail(f"{name}: the adjusted configuration should be a dict, got {type(adjusted).__name__}")
     keys = set(BLOCK_NAMES + LENGTHS)
@@ -147,7 +123,7 @@ def _check_adjusted(adjusted, want, blocks, q_len, kv_len, name):
         if got == want[key]:
             continue
         if key in dict(FORWARD):
-            why = _wrong_block(key, got, want[key], blocks, want, q_len, kv_len)
+            why = _wrong_block(key, got, want[key], blocks, mistakes, q_len, kv_len)
         elif key in dict(SUB_BLOCKS):
             why = _wrong_sub_block(key, got, want[key], blocks, want)
         else:
@@ -184,7 +160,8 @@ def _check_log(log, changes, name):
 
 def case_block_config(fn, blocks, q_len, kv_len):
     name = _call_name(blocks, q_len, kv_len)
-    want, changes = expected_config(blocks, q_len, kv_len)
+    want, changes = answer("block_tuning", "block_config", blocks, q_len, kv_len)
+    mistakes = answer("block_tuning", "block_config_mistakes", blocks, q_len, kv_len)
     try:
         result = fn(dict(blocks), q_len, kv_len)
     except ZeroDivisionError as error:
@@ -194,7 +171,7 @@ def case_block_config(fn, blocks, q_len, kv_len):
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         fail(f"{name} should return a pair (adjusted, log), got {type(result).__name__}")
     adjusted, log = result
-    _check_adjusted(adjusted, want, blocks, q_len, kv_len, name)
+    _check_adjusted(adjusted, want, mistakes, blocks, q_len, kv_len, name)
     _check_log(log, changes, name)
 
 
@@ -234,39 +211,24 @@ def check_block_config_rules(check_block_config):
 # ---------------------------------------------------------------------------------------
 # smem_bytes and prune_configs
 
-def block_d(head_dim):
-    return max(GRANULE, 1 << max(head_dim - 1, 0).bit_length())
-
-
 def _element(dtype):
     return torch.empty((), dtype=dtype).element_size()
 
 
-def model_bytes(block_q, block_kv, head_dim, dtype, stages):
-    """The lesson's model: the Q tile once, a K and a V tile per stage, BLOCK_D wide."""
-    return (block_q + 2 * stages * block_kv) * block_d(head_dim) * _element(dtype)
-
-
-def smem_mistakes(block_q, block_kv, head_dim, dtype, stages):
-    """{description: what that mistake gives}, for the classic mistakes of the model."""
-    width, size = block_d(head_dim), _element(dtype)
-    return {
+def _smem_mistakes(head_dim, dtype, stages, width):
+    """What each value of answers.py's smem_mistakes comes from."""
+    size = _element(dtype)
+    return (
         "the K and V tiles were counted once, not once per pipeline stage: with num_stages = "
-        f"{stages}, {stages} K tiles and {stages} V tiles are in shared memory at once":
-            (block_q + 2 * block_kv) * width * size,
-        "one tile per stage was counted: each stage holds a K tile and a V tile":
-            (block_q + stages * block_kv) * width * size,
-        "the Q tile was counted for every stage: it is loaded once and held for the whole loop":
-            stages * (block_q + 2 * block_kv) * width * size,
-        "the Q tile was left out: it stays in shared memory for the whole loop":
-            2 * stages * block_kv * width * size,
-        f"{stages} - 1 stages were counted: the pipeline keeps num_stages K and V tiles":
-            (block_q + 2 * (stages - 1) * block_kv) * width * size,
+        f"{stages}, {stages} K tiles and {stages} V tiles are in shared memory at once",
+        "one tile per stage was counted: each stage holds a K tile and a V tile",
+        "the Q tile was counted for every stage: it is loaded once and held for the whole loop",
+        "the Q tile was left out: it stays in shared memory for the whole loop",
+        f"{stages} - 1 stages were counted: the pipeline keeps num_stages K and V tiles",
         f"elements, not bytes: multiply by the bytes of one element ({size} for "
-        f"{str(dtype).replace('torch.', '')})": (block_q + 2 * stages * block_kv) * width,
+        f"{str(dtype).replace('torch.', '')})",
         f"head_dim = {head_dim} was not padded: tiles are BLOCK_D = max(16, next power of two) "
-        f"= {width} wide": (block_q + 2 * stages * block_kv) * head_dim * size,
-    }
+        f"= {width} wide")
 
 
 def _whole(got, name):
@@ -275,17 +237,20 @@ def _whole(got, name):
 
 
 def case_smem_bytes(fn, block_q, block_kv, head_dim, dtype, stages, want=None):
-    """want: the bytes to expect (default: the model's, model_bytes)."""
+    """want: the bytes to expect (default: the answer key's model)."""
     dtype_name = str(dtype).replace("torch.", "")
     name = f"smem_bytes({block_q}, {block_kv}, {head_dim}, torch.{dtype_name}, {stages})"
     got = fn(block_q, block_kv, head_dim, dtype, stages)
     _whole(got, name)
-    want = model_bytes(block_q, block_kv, head_dim, dtype, stages) if want is None else want
+    args = (block_q, block_kv, head_dim, dtype, stages)
+    want = answer("block_tuning", "smem_bytes", *args) if want is None else want
+    width = answer("block_tuning", "block_d", head_dim)
+    mistakes = zip(_smem_mistakes(head_dim, dtype, stages, width),
+                   answer("block_tuning", "smem_mistakes", *args))
     if got != want:
-        named = [text for text, value in smem_mistakes(block_q, block_kv, head_dim, dtype,
-                                                       stages).items() if value == got]
+        named = [text for text, value in mistakes if value == got]
         fail(f"{name} is {got}, expected {want} bytes: a Q tile of {block_q} rows plus {stages} "
-             f"K and V tiles of {block_kv} rows, each row {block_d(head_dim)} elements of "
+             f"K and V tiles of {block_kv} rows, each row {width} elements of "
              f"{_element(dtype)} bytes"
              + (f".\n  this matches a classic mistake: {named[0]}" if named else ""))
 
@@ -313,7 +278,13 @@ def case_prune_configs(fn, configs, head_dim, dtype, limit, default_limit):
         fail(f"{name} should return a list of configurations, got {type(got).__name__}")
     got = [tuple(c) if isinstance(c, (list, tuple)) else c for c in got]
     lim = default_limit if limit is None else limit
-    need = {c: model_bytes(c[0], c[1], head_dim, dtype, c[3]) for c in configs}
+
+    def smem(c, stages):
+        return answer("block_tuning", "smem_bytes", c[0], c[1], head_dim, dtype, stages)
+    # Each configuration's bytes, and as if num_warps were its stages (a classic slip): the
+    # same answers whatever the limit, so a GPU's own default limit asks nothing new.
+    need = {c: smem(c, c[3]) for c in configs}
+    by_warps = {c: smem(c, c[2]) for c in configs}
     want = [c for c in configs if need[c] <= lim]
     if got == want:
         return
@@ -332,16 +303,19 @@ def case_prune_configs(fn, configs, head_dim, dtype, limit, default_limit):
         if limit is None and need[c] <= 228 * 1024:
             why += (": the default limit is smem_limit(), what ONE program may use (on an H100 "
                     "232,448 bytes); an SM's 228 KiB include 1 KiB the driver keeps per program")
-        elif model_bytes(c[0], c[1], head_dim, dtype, c[2]) <= lim:
+        elif by_warps[c] <= lim:
             why += f": the pipeline depth is num_stages, the 4th entry ({c[3]}), not num_warps ({c[2]})"
         fail(why)
     c = dropped[0]
     why = f"{name} dropped {c}, which needs {need[c]} bytes, within the limit of {lim}"
     if need[c] == lim:
         why += ": a configuration that needs exactly the limit fits (<=)"
-    elif model_bytes(c[0], c[1], head_dim, dtype, c[2]) > lim:
+    elif by_warps[c] > lim:
         why += f": the pipeline depth is num_stages, the 4th entry ({c[3]}), not num_warps ({c[2]})"
     fail(why)
+
+
+H100_LIMIT = 232448  # what one program may use on an H100: smem_limit() there and on a CPU
 
 
 def limit_cases(limit):
@@ -358,12 +332,16 @@ def check_prune_configs(prune_configs, smem_limit):
 
     def case(configs, head_dim, dtype, limit=None):
         case_prune_configs(prune_configs, configs, head_dim, dtype, limit, default)
-    case(sweep, 128, torch.float16, 232448)             # 8 of 54 do not fit an H100
+    case(sweep, 128, torch.float16, H100_LIMIT)         # 8 of 54 do not fit an H100
     case(sweep[::-1], 64, torch.float32, 150000)        # another order, fp32
     case([(128, 64, 8, 3), (128, 128, 4, 4), (64, 64, 4, 2)], 128, torch.float16)
-    case(limit_cases(default), 16, torch.float16)       # at the default limit and 1 KiB above
+    # At the H100's limit and 1 KiB above (an SM's 228 KiB), with the default limit: at the
+    # limit itself on an H100 and a CPU, and the same inputs (recorded bytes) on any GPU;
+    # then at an A100's limit, passed, so that every machine tries exactly a limit (<=).
+    case(limit_cases(H100_LIMIT), 16, torch.float16)
+    case(limit_cases(166912), 16, torch.float16, 166912)
     case([(128, 64, 2, 4), (64, 64, 8, 2)], 80, torch.bfloat16, 150000)  # stages: the 4th entry
-    case([], 64, torch.float16, 232448)
+    case([], 64, torch.float16, H100_LIMIT)
     print(f"ok  prune_configs: keeps what fits in the limit (default {default:,} bytes here), "
           "in the order given")
 
@@ -371,33 +349,19 @@ def check_prune_configs(prune_configs, smem_limit):
 # ---------------------------------------------------------------------------------------
 # kernel_dram_bytes
 
-def dram_model(B, H, N, D, block_q, dtype):
-    """Module 04's model for blocks of block_q rows, in bytes, plus the fp32 LSE."""
-    reads_of_kv = -(-N // block_q)
-    return B * H * ((2 * N * D + 2 * N * D * reads_of_kv) * _element(dtype) + 4 * N)
-
-
-def dram_mistakes(B, H, N, D, block_q, dtype):
-    size, passes, width = _element(dtype), -(-N // block_q), block_d(D)
-    return {
+def _dram_mistakes(N, block_q, size, width):
+    """What each value of answers.py's dram_mistakes comes from."""
+    return (
         f"elements, not bytes: multiply by the bytes of one element ({size} here), and count "
-        "the LSE's 4 bytes per row": B * H * ((2 * N * D + 2 * N * D * passes) + N),
-        "elements, not bytes: multiply the counts of Q, K, V and O by the bytes of one element":
-            B * H * ((2 * N * D + 2 * N * D * passes) + 4 * N),
-        "the LSE was left out: the kernel also writes one fp32 number (4 bytes) per query row":
-            B * H * (2 * N * D + 2 * N * D * passes) * size,
-        "the LSE was counted in the inputs' dtype: it is fp32, 4 bytes per row":
-            B * H * ((2 * N * D + 2 * N * D * passes) * size + size * N),
-        "one (batch, head) was counted: every one of the B x H heads moves its own bytes":
-            (2 * N * D + 2 * N * D * passes) * size + 4 * N,
+        "the LSE's 4 bytes per row",
+        "elements, not bytes: multiply the counts of Q, K, V and O by the bytes of one element",
+        "the LSE was left out: the kernel also writes one fp32 number (4 bytes) per query row",
+        "the LSE was counted in the inputs' dtype: it is fp32, 4 bytes per row",
+        "one (batch, head) was counted: every one of the B x H heads moves its own bytes",
         f"the query blocks were counted with N // block_q: a ragged last block ({N % block_q} "
-        "rows) reads all of K and V too (ceil)":
-            B * H * ((2 * N * D + 2 * N * D * (N // block_q)) * size + 4 * N),
-        "K and V were counted as read once: every query block reads all of them":
-            B * H * (4 * N * D * size + 4 * N),
-        f"the head dim was padded to {width}: masked lanes are not read from DRAM, count D":
-            B * H * ((2 * N * width + 2 * N * width * passes) * size + 4 * N),
-    }
+        "rows) reads all of K and V too (ceil)",
+        "K and V were counted as read once: every query block reads all of them",
+        f"the head dim was padded to {width}: masked lanes are not read from DRAM, count D")
 
 
 def case_kernel_dram_bytes(fn, B, H, N, D, block_q, dtype):
@@ -410,10 +374,13 @@ def case_kernel_dram_bytes(fn, B, H, N, D, block_q, dtype):
              "an SRAM of M elements and uses blocks of b = M // (4 d) rows: for blocks of "
              "block_q rows, pass M = 4 * D * block_q")
     _whole(got, name)
-    want = dram_model(B, H, N, D, block_q, dtype)
+    args = (B, H, N, D, block_q, dtype)
+    want = answer("block_tuning", "kernel_dram_bytes", *args)
+    width = answer("block_tuning", "block_d", D)
+    mistakes = zip(_dram_mistakes(N, block_q, _element(dtype), width),
+                   answer("block_tuning", "dram_mistakes", *args))
     if got != want:
-        named = [text for text, value in dram_mistakes(B, H, N, D, block_q, dtype).items()
-                 if value == got]
+        named = [text for text, value in mistakes if value == got]
         fail(f"{name} is {got:,}, expected {want:,} bytes: Q and O once, K and V once per query "
              f"block ({-(-N // block_q)} blocks), {_element(dtype)} bytes each, plus 4 bytes of "
              f"LSE per row, for each of the {B * H} heads"
