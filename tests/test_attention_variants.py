@@ -13,16 +13,25 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention.bias import causal_lower_right
 
-from course import DEVICE, INTERPRET
+from course import DEVICE, INTERPRET, recorded
 from course.checks import attention_variants as checks
 from course.testing import CheckFailed, assert_close, count_launches, randn
-from grader import answer_key
+from grader import answer_key, paths
 from solutions import attention_variants as av
+
+answers = paths.lesson_file("06_attention_variants", "answers")
 
 F32, F16 = torch.float32, torch.float16
 SHAPES = [(n_q, n_k, bq, bk, causal) for n_q, n_k in [(1, 1), (1, 70), (70, 1), (64, 64), (97, 97),
                                                         (40, 100), (100, 40), (50, 7), (129, 250)]
           for bq, bk in [(16, 16), (32, 16), (16, 32), (128, 64)] for causal in (False, True)]
+
+
+@pytest.fixture
+def keyed():
+    """The answer key computes what a check asks: these inputs are none of the visible checks'."""
+    with recorded.computing(answer_key.resolve):
+        yield
 
 
 # ---------------------------------------------------------------------------------------
@@ -50,10 +59,13 @@ def test_reference_rows_that_see_no_key_are_zero_with_lse_minus_inf():
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_two_formulations_of_the_block_ranges_agree(shape):
+    """The classic mistakes' emulator, with no switch, is the answer key; the kernel's
+    expected steps add up to block_counts."""
     n_q, n_k, bq, bk, causal = shape
     key = [av.kv_block_range(i, n_q, n_k, bq, bk, causal) for i in range(triton.cdiv(n_q, bq))]
-    assert checks._ranges(*shape) == key
-    assert checks._counts(*shape) == av.block_counts(*shape)
+    assert answers._ranges(*shape) == answers.kv_block_ranges(*shape) == key
+    unmasked, masked = map(sum, zip(*answers.expected_steps(*shape)))
+    assert av.block_counts(*shape)[:2] == (unmasked, masked)
 
 
 def test_causal_runs_about_half_the_blocks_and_masks_few():
@@ -84,7 +96,7 @@ def test_kernel_counts_the_blocks_kv_block_range_predicts(causal, n_q, n_k):
         q, k, v, o, lse, steps, *q.stride(), *k.stride(), *v.stride(), *o.stride(), 4, n_q, n_k,
         av.LOG2E / math.sqrt(32), GROUP=2, HEAD_DIM=32, BLOCK_D=32, BLOCK_Q=16, BLOCK_K=16,
         CAUSAL=causal, COUNT_STEPS=True, DOT_PRECISION="ieee")
-    want = torch.tensor(checks.expected_steps(n_q, n_k, 16, 16, causal), dtype=torch.int32)
+    want = torch.tensor(answers.expected_steps(n_q, n_k, 16, 16, causal), dtype=torch.int32)
     assert torch.equal(steps.cpu(), want.expand(8, -1, -1))
     assert_close(o, checks.reference(q, k, v, causal)[0], quiet=True)
 
@@ -119,7 +131,7 @@ def _fake_kernel(compute, steps=None):
                 o.copy_(out.to(o.dtype))
                 lse.copy_(l.float())
                 if COUNT_STEPS:
-                    ran = (steps or checks.expected_steps)(q.shape[2], k.shape[2], BLOCK_Q, BLOCK_K, CAUSAL)
+                    ran = (steps or answers.expected_steps)(q.shape[2], k.shape[2], BLOCK_Q, BLOCK_K, CAUSAL)
                     counted.copy_(torch.tensor(ran, dtype=torch.int32).expand_as(counted))
             return launch
     return Kernel()
@@ -129,11 +141,13 @@ def _right(q, k, v, scale, causal):
     return checks.reference(q, k, v, causal, scale)
 
 
+@pytest.mark.usefixtures("keyed")
 def test_kernel_check_passes_a_right_stand_in():
     checks.case_kernel_random(_fake_kernel(_right), 2, 4, 2, 30, 40, 24, F32, seed=1, causal=True,
                               out_layout="bnhd", quiet=True)
 
 
+@pytest.mark.usefixtures("keyed")
 @pytest.mark.parametrize("mistake, heads, align_shift, match", [
     ("gqa modulo", lambda H, Hkv: [h % Hkv for h in range(H)], None, "h % Hkv"),
     ("top-left", None, 0, "top-left"),
@@ -148,6 +162,7 @@ def test_kernel_check_names_head_and_alignment_mistakes(mistake, heads, align_sh
                                   blocks=(16, 16), quiet=True)
 
 
+@pytest.mark.usefixtures("keyed")
 def test_kernel_check_names_rows_that_came_out_nan():
     def nan_rows(q, k, v, scale, causal):
         o, lse = checks.reference(q, k, v, causal, scale)
@@ -158,6 +173,7 @@ def test_kernel_check_names_rows_that_came_out_nan():
                                   causal=True, quiet=True)
 
 
+@pytest.mark.usefixtures("keyed")
 def test_kernel_check_names_a_read_past_the_keys():
     def past_end(q, k, v, scale, causal):  # what a kernel loading 32 keys of 7 would get
         o, lse = checks.reference(q, k, v, causal, scale)
@@ -167,10 +183,11 @@ def test_kernel_check_names_a_read_past_the_keys():
                                   layouts=("contiguous", "padded", "padded"), quiet=True)
 
 
+@pytest.mark.usefixtures("keyed")
 @pytest.mark.parametrize("steps, match", [
-    (lambda *a: [(0, u + m) for u, m in checks.expected_steps(*a)], "unmasked phase"),
+    (lambda *a: [(0, u + m) for u, m in answers.expected_steps(*a)], "unmasked phase"),
     (lambda n_q, n_k, bq, bk, c: [(u, triton.cdiv(n_k, bk) - u)
-                                  for u, _ in checks.expected_steps(n_q, n_k, bq, bk, c)], "skipped"),
+                                  for u, _ in answers.expected_steps(n_q, n_k, bq, bk, c)], "skipped"),
 ])
 def test_kernel_check_sees_blocks_masked_or_run_that_need_not_be(steps, match):
     with pytest.raises(CheckFailed, match=match):
@@ -178,6 +195,7 @@ def test_kernel_check_sees_blocks_masked_or_run_that_need_not_be(steps, match):
                                   causal=True, blocks=(16, 16), quiet=True)
 
 
+@pytest.mark.usefixtures("keyed")
 def test_range_check_names_the_top_left_alignment():
     def top_left(q_block, n_q, n_k, block_q, block_k, causal):
         return av.kv_block_range(q_block, n_k, n_k, block_q, block_k, causal)  # shift 0

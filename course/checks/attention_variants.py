@@ -19,6 +19,7 @@ from course.checks import flash_forward as ff
 from course.checks.flash_forward import (BF16, F16, F32, LOG2E, attention_values, block_d,
                                          output_in_layout)
 from course.gpu_compile import compile_for_gpu
+from course.recorded import answer
 from course.testing import (assert_close, assert_not_trivial, check_choice, check_rejects,  # noqa: F401
                             dtype_name, fail, guarded_input, hinted, watched_call)
 
@@ -38,68 +39,38 @@ def _sees(shift):
     return f"j <= i {'+' if shift > 0 else '-'} {abs(shift)}" if shift else "j <= i"
 
 
-def _visible_counts(rows, n_k, causal, shift):
-    """How many keys each of the first `rows` query rows sees: all n_k, or (causal) keys
-    j <= i + shift, kept between 0 and n_k."""
-    if not causal:
-        return [n_k] * rows
-    return [min(max(i + shift + 1, 0), n_k) for i in range(rows)]
+_RANGE_MISTAKES = {  # answers.py's kv_block_range_mistakes gives the ranges of each, by key
+    "top_left": "this is the top-left alignment (row i sees keys j <= i); this module's is "
+                "bottom-right: row i sees keys j <= i + (n_k - n_q)",
+    "diagonal_left_out": "row i sees keys j <= i + shift, itself included: that is i + shift + 1 "
+                         "keys, not i + shift",
+    "row_before_block": "masked_end counts the keys of the row just before the block "
+                        "(first_row + shift): the block's last row is first_row + block_q - 1, "
+                        "which sees first_row + block_q + shift keys",
+    "full_from_last_row": "full_end was taken from the last row: a block that the first rows may "
+                          "not see whole would run without its mask. Whole blocks are those the "
+                          "FIRST row sees",
+    "not_clamped": "the counts were not kept between 0 and n_k: a row sees at least 0 keys (a "
+                   "block whose rows see none gets (0, 0)) and at most n_k",
+    "not_causal_rounded": "not causal: every row sees all n_k keys, so masked_end is n_k",
+    "full_not_whole_blocks": "full_end must be a whole number of blocks (rounded down): a partial "
+                             "block needs its mask",
+    "masked_rounded_up": "masked_end is the number of keys the last row sees, not rounded up to a "
+                         "whole block (the masks handle the rest of the block)",
+    "ragged_block_unmasked": "the last, ragged key block ran without a mask: full_end counts whole "
+                             "blocks only (n_k // block_k * block_k)",
+}
 
 
-def _ranges(n_q, n_k, block_q, block_k, causal, *, shift=None, full_by_last=False,
-            round_full=True, round_masked=False, strict=False):
-    """[(full_end, masked_end)] of every query block, from what its rows see (the padding
-    rows of a ragged last block included: bottom-right, they see no more than its last real
-    row): whole blocks up to the least any row sees run unmasked, keys up to the most any
-    row sees run masked. The switches compute classic mistakes."""
-    shift = n_k - n_q if shift is None else shift
-    padded = triton.cdiv(n_q, block_q) * block_q
-    counts = _visible_counts(padded, n_k, causal, shift - 1 if strict else shift)
-    result = []
-    for start in range(0, n_q, block_q):
-        rows = counts[start:start + block_q]
-        least, most = (max(rows), max(rows)) if full_by_last else (min(rows), max(rows))
-        full = (least // block_k) * block_k if round_full else least
-        masked = triton.cdiv(most, block_k) * block_k if round_masked else most
-        result.append((full, masked))
-    return result
-
-
-def _range_mistakes(n_q, n_k, block_q, block_k, causal):
-    """{description: [(full_end, masked_end)] of every query block} for classic mistakes."""
-    found = {}
-    args = (n_q, n_k, block_q, block_k, causal)
-    if causal:
-        if n_q != n_k:
-            found["this is the top-left alignment (row i sees keys j <= i); this module's is "
-                  "bottom-right: row i sees keys j <= i + (n_k - n_q)"] = _ranges(*args, shift=0)
-        found["row i sees keys j <= i + shift, itself included: that is i + shift + 1 keys, not "
-              "i + shift"] = _ranges(*args, strict=True)
-        found["masked_end counts the keys of the row just before the block (first_row + shift): "
-              "the block's last row is first_row + block_q - 1, which sees first_row + block_q + "
-              "shift keys"] = [(full, min(max(start + n_k - n_q, 0), n_k))
-                               for (full, _), start in zip(_ranges(*args), range(0, n_q, block_q))]
-        found["full_end was taken from the last row: a block that the first rows may not see "
-              "whole would run without its mask. Whole blocks are those the FIRST row sees"
-              ] = _ranges(*args, full_by_last=True)
-        unclamped = [(((start + n_k - n_q + 1) // block_k) * block_k, start + block_q + n_k - n_q)
-                     for start in range(0, n_q, block_q)]
-        found["the counts were not kept between 0 and n_k: a row sees at least 0 keys (a block "
-              "whose rows see none gets (0, 0)) and at most n_k"] = unclamped
-    else:
-        found["not causal: every row sees all n_k keys, so masked_end is n_k"] = \
-            [((n_k // block_k) * block_k, (n_k // block_k) * block_k)] * triton.cdiv(n_q, block_q)
-    found["full_end must be a whole number of blocks (rounded down): a partial block needs its "
-          "mask"] = _ranges(*args, round_full=False)
-    found["masked_end is the number of keys the last row sees, not rounded up to a whole block "
-          "(the masks handle the rest of the block)"] = _ranges(*args, round_masked=True)
-    found["the last, ragged key block ran without a mask: full_end counts whole blocks only "
-          "(n_k // block_k * block_k)"] = [(masked, masked) for _, masked in _ranges(*args)]
-    return found
+def _pairs(values):
+    """Recorded [[a, b], ...] (JSON has no tuples) as [(a, b), ...]."""
+    return [tuple(value) for value in values]
 
 
 def case_kv_block_range(fn, n_q, n_k, block_q, block_k, causal):
-    want = _ranges(n_q, n_k, block_q, block_k, causal)
+    args = (n_q, n_k, block_q, block_k, causal)
+    want = _pairs(answer("attention_variants", "kv_block_ranges", *args))
+    mistakes = answer("attention_variants", "kv_block_range_mistakes", *args)
     got = []
     for q_block in range(len(want)):
         value = fn(q_block, n_q, n_k, block_q, block_k, causal)
@@ -113,8 +84,8 @@ def case_kv_block_range(fn, n_q, n_k, block_q, block_k, causal):
     first = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
     name = (f"kv_block_range(q_block={first}, n_q={n_q}, n_k={n_k}, block_q={block_q}, "
             f"block_k={block_k}, causal={causal})")
-    mistake = next((d for d, wrong in _range_mistakes(n_q, n_k, block_q, block_k, causal).items()
-                    if got == [tuple(w) for w in wrong]), None)
+    mistake = next((d for key, d in _RANGE_MISTAKES.items()
+                    if key in mistakes and got == _pairs(mistakes[key])), None)
     full, masked = got[first]
     if mistake:
         why = f"this matches a classic mistake: {mistake}"
@@ -140,27 +111,17 @@ def check_kv_block_range(kv_block_range):
           "(square, Nq < Nk, Nq > Nk, short K/V, ragged, causal and not)")
 
 
-def _counts(n_q, n_k, block_q, block_k, causal):
-    """(unmasked, masked, skipped) over every (query block, key block) pair, block by block."""
-    counts = [0, 0, 0]
-    for full, masked in _ranges(n_q, n_k, block_q, block_k, causal):
-        for start in range(0, n_k, block_k):
-            kind = 0 if start + block_k <= full else 1 if start < masked else 2
-            counts[kind] += 1
-    return tuple(counts)
-
-
 def case_block_counts(fn, n_q, n_k, block_q, block_k, causal):
     name = f"block_counts({n_q}, {n_k}, {block_q}, {block_k}, causal={causal})"
     got = fn(n_q, n_k, block_q, block_k, causal)
-    want = _counts(n_q, n_k, block_q, block_k, causal)
+    want = tuple(answer("attention_variants", "block_counts", n_q, n_k, block_q, block_k, causal))
     if not isinstance(got, (tuple, list)) or len(got) != 3 or \
             not all(isinstance(x, int) and not isinstance(x, bool) for x in got):
         fail(f"{name} should return three ints (unmasked, masked, skipped), got {got!r}")
     got = tuple(got)
     if got == want:
         return
-    pairs = triton.cdiv(n_q, block_q) * triton.cdiv(n_k, block_k)
+    pairs = sum(want)  # every (query block, key block) pair
     why = ""
     if sum(got) != pairs:
         why = (f" The three must add up to every pair: cdiv(n_q, block_q) x cdiv(n_k, block_k) "
@@ -281,7 +242,7 @@ def variant_mistakes(q, k, v, blocks, scale, causal):
     if H // Hkv != Hkv and all(h // Hkv < Hkv for h in range(H)):
         found[f"query head h read K/V head h // Hkv: GROUP is H // Hkv = {H // Hkv} query "
               f"head(s) per K/V head, not Hkv = {Hkv}"] = seeing(right_mask, [h // Hkv for h in range(H)])
-    ranges = _ranges(Nq, Nk, block_q, block_k, causal)
+    ranges = answer("attention_variants", "kv_block_ranges", Nq, Nk, block_q, block_k, causal)
     if causal:
         if Nq != Nk:
             found["the causal mask is aligned top-left (row i sees keys j <= i): this module's "
@@ -413,16 +374,11 @@ def _launch_failed(error, name, hint):
 # ---------------------------------------------------------------------------------------
 # attention_kernel (launched directly on guarded buffers)
 
-def expected_steps(n_q, n_k, block_q, block_k, causal):
-    """[(unmasked, masked)] key blocks each query block's two loops run."""
-    return [(full // block_k, triton.cdiv(max(masked - full, 0), block_k))
-            for full, masked in _ranges(n_q, n_k, block_q, block_k, causal)]
-
-
 def _check_steps(steps, n_q, n_k, blocks, causal, name):
     """STEPS[pair, i] = (unmasked, masked) blocks run by program (i, pair): the two phases
     of kv_block_range, whatever the (batch, head)."""
-    want = expected_steps(n_q, n_k, *blocks, causal)
+    want = _pairs(answer("attention_variants", "expected_steps", n_q, n_k, *blocks, causal))
+    ranges = _pairs(answer("attention_variants", "kv_block_ranges", n_q, n_k, *blocks, causal))
     got = steps.detach().cpu().tolist()
     for pair, row in enumerate(got):
         for i, (ran, wanted) in enumerate(zip(map(tuple, row), want)):
@@ -445,7 +401,7 @@ def _check_steps(steps, n_q, n_k, blocks, causal, name):
                        "ones)")
             fail(f"{name}: program ({i}, {pair}) ran {ran[0]} key block(s) unmasked and {ran[1]} "
                  f"masked (of {key_blocks}); expected {wanted[0]} and {wanted[1]}, as "
-                 f"kv_block_range({i}, ...) = {_ranges(n_q, n_k, *blocks, causal)[i]} says. {why}")
+                 f"kv_block_range({i}, ...) = {ranges[i]} says. {why}")
 
 
 def case_kernel(kernel, q, k, v, *, causal=False, sm_scale=None, blocks=(32, 32),
@@ -489,6 +445,12 @@ def case_kernel_random(kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, kind="rando
     case_kernel(kernel, q, k, v, kind=kind, **kwargs)
 
 
+# The kernel check's cases run on a GPU only, (B, H, Hkv, Nq, Nk, D, dtype) and options:
+# answers.py records their answers too (the table is recorded on a CPU).
+KERNEL_GPU_CASES = [((2, 8, 2, 300, 517, 128, BF16), dict(seed=12, causal=True, blocks=(64, 64))),
+                    ((1, 4, 4, 517, 300, 96, F16), dict(seed=13, causal=True, blocks=(64, 32)))]
+
+
 def check_attention_kernel(attention_kernel):
     case = functools.partial(case_kernel_random, attention_kernel)
     # (B, H, Hkv, Nq, Nk, D, dtype)
@@ -508,9 +470,8 @@ def check_attention_kernel(attention_kernel):
     case(1, 2, 1, 20, 60, 16, F16, seed=10, kind="big_v")
     case(1, 2, 2, 20, 60, 16, F16, seed=11, kind="big_v_negative", causal=True,
          layouts=("contiguous", "bnhd", "transposed"))
-    if not INTERPRET:
-        case(2, 8, 2, 300, 517, 128, BF16, seed=12, causal=True, blocks=(64, 64))
-        case(1, 4, 4, 517, 300, 96, F16, seed=13, causal=True, blocks=(64, 32))
+    for shape, options in pick([], KERNEL_GPU_CASES):
+        case(*shape, **options)
 
 
 def compile_kernel_for_gpu(attention_kernel, capability=90):
@@ -526,6 +487,9 @@ def compile_kernel_for_gpu(attention_kernel, capability=90):
 
 # ---------------------------------------------------------------------------------------
 # attention (the wrapper): one launch, no copies, o in q's layout
+
+GPU_BLOCKS = (128, 64)  # the wrapper's default blocks on a GPU, as its classic mistakes assume
+
 
 def case_wrapper(fn, kernel, q, k, v, *, causal=False, sm_scale=None, blocks=None, kind="random",
                  quiet=False):
@@ -555,7 +519,7 @@ def case_wrapper(fn, kernel, q, k, v, *, causal=False, sm_scale=None, blocks=Non
              + (f"{dtype_name(lse.dtype)} {list(lse.shape)}" if isinstance(lse, torch.Tensor)
                 else type(lse).__name__))
     _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale,
-                  blocks=blocks or (ff.INTERPRETER_BLOCKS if INTERPRET else (128, 64)), kind=kind,
+                  blocks=blocks or (ff.INTERPRETER_BLOCKS if INTERPRET else GPU_BLOCKS), kind=kind,
                   hint=ff._hints(hint, sm_scale is not None and f"sm_scale={sm_scale} is given "
                                  "here: use it instead of 1/sqrt(D)."), quiet=quiet)
 
@@ -590,18 +554,26 @@ def bad_inputs(fn):
         ("block_q=24 (not a power of two)", lambda: fn(x, x, x, block_q=24))]
 
 
+# The wrapper check's cases, (B, H, Hkv, Nq, Nk, D, dtype) and options, and those run on a
+# GPU only. Without blocks, the wrapper's defaults are compared as GPU_BLOCKS on a GPU:
+# answers.py records those cases' answers for GPU_BLOCKS too.
+ATTENTION_CASES = [
+    ((1, 2, 2, 70, 45, 40, F32), dict(seed=1)),                                 # default blocks
+    ((1, 6, 3, 50, 20, 24, F16), dict(seed=2, causal=True, blocks=(16, 32))),  # GQA, Nq > Nk
+    ((2, 4, 1, 8, 60, 32, F32), dict(seed=3, causal=True, blocks=(16, 16),     # MQA, Nq < Nk
+                                     layouts=("bnhd", "bnhd", "bnhd"))),
+    ((1, 2, 1, 40, 9, 32, F16), dict(seed=4, sm_scale=0.3, layouts=("sliced", "padded", "transposed"))),
+    ((1, 2, 2, 40, 40, 64, F16), dict(seed=5, kind="extreme", causal=True)),
+    ((1, 2, 1, 20, 60, 16, F32), dict(seed=6, kind="big_v", blocks=(16, 32))),
+    ((1, 1, 1, 20, 60, 16, F16), dict(seed=7, kind="big_v_negative", layouts=("contiguous", "bnhd", "bnhd"))),
+]
+ATTENTION_GPU_CASES = [((2, 8, 2, 777, 1025, 128, BF16), dict(seed=8, causal=True, layouts=("bnhd",) * 3))]
+
+
 def check_attention(attention, attention_kernel):
     case = functools.partial(case_wrapper_random, attention, attention_kernel)
-    case(1, 2, 2, 70, 45, 40, F32, seed=1)                              # default blocks
-    case(1, 6, 3, 50, 20, 24, F16, seed=2, causal=True, blocks=(16, 32))  # GQA, Nq > Nk
-    case(2, 4, 1, 8, 60, 32, F32, seed=3, causal=True, blocks=(16, 16),  # MQA, Nq < Nk
-         layouts=("bnhd", "bnhd", "bnhd"))
-    case(1, 2, 1, 40, 9, 32, F16, seed=4, sm_scale=0.3, layouts=("sliced", "padded", "transposed"))
-    case(1, 2, 2, 40, 40, 64, F16, seed=5, kind="extreme", causal=True)
-    case(1, 2, 1, 20, 60, 16, F32, seed=6, kind="big_v", blocks=(16, 32))
-    case(1, 1, 1, 20, 60, 16, F16, seed=7, kind="big_v_negative", layouts=("contiguous", "bnhd", "bnhd"))
-    if not INTERPRET:
-        case(2, 8, 2, 777, 1025, 128, BF16, seed=8, causal=True, layouts=("bnhd",) * 3)
+    for shape, options in ATTENTION_CASES + pick([], ATTENTION_GPU_CASES):
+        case(*shape, **options)
     case_output_layout(attention, 1, 4, 2, 20, 30, 16, F32, seed=9)
     print("ok  attention returns o in q's layout ([B, N, H, D] in, [B, N, H, D] out)")
     check_rejects(bad_inputs(attention), name="attention")
