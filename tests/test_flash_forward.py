@@ -7,6 +7,7 @@ tests run compiled (course.testing picks the tolerances).
 """
 import csv
 import math
+import re
 
 import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is imported)
 import pytest
@@ -197,6 +198,19 @@ def test_reference_passes_visible_checks_and_hidden_tests(test_cell):
     extra = {"name": test_cell[5:] + "_answer"} if check in ("check_choice", "check_number") else {}
     getattr(checks, check)(*args, **extra)
     getattr(answer_key.hidden("05_flash_forward"), test_cell)(*args)
+
+
+@pytest.mark.parametrize("i, says", enumerate(["seq_len // block_q", "axes are swapped", "share axis 1",
+                                                "not one"]))
+def test_flash_grid_check_names_each_recorded_mistake(i, says):
+    """A flash_grid that returns a classic mistake's grid fails the visible check, which
+    reads the recorded grids, naming that mistake, and fails the hidden test, which
+    computes them."""
+    mistakes = paths.lesson_file("05_flash_forward", "answers").flash_grid_mistakes
+    with pytest.raises(CheckFailed, match=re.escape(says)):
+        checks.check_flash_grid(lambda *args: mistakes(*args)[i])
+    with pytest.raises(CheckFailed):
+        answer_key.hidden("05_flash_forward").test_flash_grid(lambda *args: mistakes(*args)[i])
 
 
 def test_wrong_answers_fail():

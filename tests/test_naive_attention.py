@@ -6,6 +6,7 @@ tests run compiled (fp32 then uses TF32 tolerances, course.testing picks them).
 """
 import csv
 import math
+import re
 
 import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is imported)
 import pytest
@@ -210,6 +211,32 @@ CHECKED = {  # exercise -> the reference functions its check and hidden test tak
 def test_reference_passes_visible_checks_and_hidden_tests(exercise):
     getattr(checks, f"check_{exercise}")(*CHECKED[exercise])
     getattr(answer_key.hidden("04_naive_attention"), f"test_{exercise}")(*CHECKED[exercise])
+
+
+MISTAKES = {  # answers.py's classic-mistake values -> (exercise, which of its functions, what the check says)
+    "sp_bytes_mistakes": ("sp_bytes", 0, ("counts elements", "one matrix: S and P", "one matrix, in elements")),
+    "naive_dram_accesses_mistakes": ("dram_accesses", 0, ("4 N^2, not 2 N^2", "count every N^2 access",
+                                                          "Q, K, V and O are read", "O is written: 4 N d")),
+    "flash_dram_accesses_mistakes": ("dram_accesses", 1, ("full blocks only", "2 N d per block",
+                                                          "written once too", "share half the SRAM")),
+    "flash_one_pass_max_n_mistakes": ("dram_accesses", 2, ("take half the SRAM",)),
+}
+
+
+@pytest.mark.parametrize("mistakes, i", [(name, i) for name, (_, _, says) in MISTAKES.items()
+                                         for i in range(len(says))])
+def test_checks_name_each_recorded_mistake(mistakes, i):
+    """A function that returns a classic mistake's value fails the visible check, which
+    reads the recorded values, naming that mistake, and fails the hidden test, which
+    computes them."""
+    exercise, position, says = MISTAKES[mistakes]
+    values = getattr(paths.lesson_file("04_naive_attention", "answers"), mistakes)
+    functions = list(CHECKED[exercise])
+    functions[position] = lambda *args: values(*args)[i]
+    with pytest.raises(CheckFailed, match=re.escape(says[i])):
+        getattr(checks, f"check_{exercise}")(*functions)
+    with pytest.raises(CheckFailed):
+        getattr(answer_key.hidden("04_naive_attention"), f"test_{exercise}")(*functions)
 
 
 @pytest.mark.parametrize("answer", ["bottleneck_answer", "head_dim_answer"])

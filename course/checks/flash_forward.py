@@ -14,6 +14,7 @@ import triton
 
 from course import DEVICE, INTERPRET
 from course.gpu_compile import compile_for_gpu
+from course.recorded import answer
 from course.testing import (assert_close, assert_not_trivial, check_choice,  # noqa: F401
                             check_rejects, dtype_name, explain_nan_from_guards, fail,
                             guarded_input, guarded_output, randn, tolerance, watched_call, hinted)
@@ -45,26 +46,25 @@ BIG_V = 2000.0  # about -1024 would collide with guarded_output's "never written
 # ---------------------------------------------------------------------------------------
 # The launch grid and the questions
 
+_GRID_MISTAKES = (  # what each grid of answers.py's flash_grid_mistakes comes from
+    "a ragged last block of queries got no program: count query blocks with "
+    "ceil(seq_len / block_q) (triton.cdiv), not seq_len // block_q",
+    "the axes are swapped: query blocks go on axis 0 (it may hold 2**31 - 1 programs), "
+    "batch * heads on axis 1",
+    "batch and heads share axis 1 as batch * heads; axis 2 is 1",
+    "one program owns block_q queries, not one: cdiv(seq_len, block_q) programs on axis 0")
+
+
 def case_flash_grid(flash_grid, seq_len, batch, heads, block_q):
     name = f"flash_grid(seq_len={seq_len}, batch={batch}, heads={heads}, block_q={block_q})"
     got = flash_grid(seq_len, batch, heads, block_q)
-    want = (triton.cdiv(seq_len, block_q), batch * heads, 1)
+    args = (seq_len, batch, heads, block_q)
+    want = tuple(answer("flash_forward", "flash_grid", *args))
+    why = dict(zip(map(tuple, answer("flash_forward", "flash_grid_mistakes", *args)), _GRID_MISTAKES))
     if not isinstance(got, (tuple, list)) or len(got) != 3:
         fail(f"{name} should return a tuple of 3 ints (axis 0, axis 1, axis 2), got {got!r}")
     if tuple(got) == want:
         return
-    why = {
-        (seq_len // block_q, batch * heads, 1):
-            "a ragged last block of queries got no program: count query blocks with "
-            "ceil(seq_len / block_q) (triton.cdiv), not seq_len // block_q",
-        (batch * heads, triton.cdiv(seq_len, block_q), 1):
-            "the axes are swapped: query blocks go on axis 0 (it may hold 2**31 - 1 programs), "
-            "batch * heads on axis 1",
-        (triton.cdiv(seq_len, block_q), batch, heads):
-            "batch and heads share axis 1 as batch * heads; axis 2 is 1",
-        (seq_len, batch * heads, 1):
-            "one program owns block_q queries, not one: cdiv(seq_len, block_q) programs on axis 0",
-    }
     fail(f"{name} is {tuple(got)!r}, expected {want}: " +
          why.get(tuple(got), "(cdiv(seq_len, block_q), batch * heads, 1): one program per block "
                              "of block_q queries of each (batch, head) pair"))

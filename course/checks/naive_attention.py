@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from course import DEVICE
+from course.recorded import answer
 from course.testing import (CheckFailed, assert_close, assert_not_trivial, check_choice,  # noqa: F401
                             check_rejects, dtype_name, fail, guarded_input, randn, watched_call)
 
@@ -326,17 +327,16 @@ def _element_size(dtype):
 def case_sp_bytes(fn, B, H, Nq, Nk, dtype):
     name = f"sp_bytes(B={B}, H={H}, Nq={Nq}, Nk={Nk}, {dtype_name(dtype)})"
     got = fn(B, H, Nq, Nk, dtype)
-    elements = B * H * Nq * Nk
-    want = 2 * elements * _element_size(dtype)
+    want = answer("naive_attention", "sp_bytes", B, H, Nq, Nk, dtype)
+    # What each value of answers.py's sp_bytes_mistakes comes from.
+    why = dict(zip(answer("naive_attention", "sp_bytes_mistakes", B, H, Nq, Nk, dtype), (
+        "that counts elements: multiply by the bytes per element "
+        f"({_element_size(dtype)} for {dtype_name(dtype)}: torch.empty((), dtype=dtype).element_size())",
+        "that is one matrix: S and P are both [B, H, Nq, Nk], count both",
+        "that is one matrix, in elements: count S and P, in bytes")))
     if not isinstance(got, (int, float)) or isinstance(got, bool):
         fail(f"{name} should return a number of bytes, got {type(got).__name__}")
     if got != want:
-        why = {2 * elements: "that counts elements: multiply by the bytes per element "
-                             f"({_element_size(dtype)} for {dtype_name(dtype)}: "
-                             "torch.empty((), dtype=dtype).element_size())",
-               elements * _element_size(dtype): "that is one matrix: S and P are both "
-                                               "[B, H, Nq, Nk], count both",
-               elements: "that is one matrix, in elements: count S and P, in bytes"}
         fail(f"{name} is {got}, expected {want}. " + why.get(got, "S and P are each "
              "[B, H, Nq, Nk], every element the size of dtype"))
 
@@ -351,9 +351,19 @@ def check_sp_bytes(sp_bytes):
 # ---------------------------------------------------------------------------------------
 # naive_dram_accesses, flash_dram_accesses, flash_one_pass_max_n
 
-def reference_flash_accesses(N, d, M):
-    b = M // (4 * d)
-    return 2 * N * d + 2 * N * d * -(-N // b)
+_NAIVE_MISTAKES = (  # what each value of answers.py's naive_dram_accesses_mistakes comes from
+    "S and P are each written once and read once: 4 N^2, not 2 N^2",
+    "count every N^2 access: S written, S read, P written, P read",
+    "Q, K, V and O are read or written once too (N d each)",
+    "Q, K and V are read and O is written: 4 N d")
+_FLASH_MISTAKES = (  # what each value of answers.py's flash_dram_accesses_mistakes comes from
+    "you counted full blocks only: a ragged last block of queries still reads all of K and V, "
+    "so count blocks with ceil(N / b) (triton.cdiv)",
+    "each block of queries reads all of K and all of V: 2 N d per block",
+    "the Q blocks are read once and the O blocks written once too: 2 N d more",
+    "the Q block and its output accumulator share half the SRAM: b = M // (4 d)")
+_ONE_PASS_MISTAKES = (  # answers.py's flash_one_pass_max_n_mistakes: b from all of the SRAM
+    " (the Q block and its accumulator take half the SRAM, 2 b d <= M / 2)",)
 
 
 def _fail_count(name, got, want, mistakes, otherwise):
@@ -371,41 +381,31 @@ def _number(got, name):
 
 
 def case_dram_accesses(naive, flash, one_pass, N, d, M):
+    naive_want = answer("naive_attention", "naive_dram_accesses", N, d)
+    naive_mistakes = answer("naive_attention", "naive_dram_accesses_mistakes", N, d)
+    flash_want = answer("naive_attention", "flash_dram_accesses", N, d, M)
+    flash_mistakes = answer("naive_attention", "flash_dram_accesses_mistakes", N, d, M)
+    b = answer("naive_attention", "flash_one_pass_max_n", d, M)
+    one_pass_why = dict(zip(answer("naive_attention", "flash_one_pass_max_n_mistakes", d, M),
+                            _ONE_PASS_MISTAKES))
     name = f"naive_dram_accesses(N={N}, d={d})"
     got = naive(N, d)
     _number(got, name)
-    want = 4 * N * d + 4 * N * N
-    if got != want:
-        _fail_count(name, got, want, [
-            (4 * N * d + 2 * N * N, "S and P are each written once and read once: 4 N^2, not 2 N^2"),
-            (4 * N * d + 3 * N * N, "count every N^2 access: S written, S read, P written, P read"),
-            (4 * N * N, "Q, K, V and O are read or written once too (N d each)"),
-            (2 * N * d + 4 * N * N, "Q, K and V are read and O is written: 4 N d")],
-            "follow the docstring: each kernel reads its inputs once and writes its output once")
+    if got != naive_want:
+        _fail_count(name, got, naive_want, list(zip(naive_mistakes, _NAIVE_MISTAKES)),
+                    "follow the docstring: each kernel reads its inputs once and writes its output once")
     name = f"flash_dram_accesses(N={N}, d={d}, M={M})"
     got = flash(N, d, M)
     _number(got, name)
-    b = M // (4 * d)
-    want = reference_flash_accesses(N, d, M)
-    if got != want:
-        blocks = -(-N // b)
-        _fail_count(f"{name} (b = M // (4 d) = {b})", got, want, [
-            (2 * N * d + 2 * N * d * (N // b), "you counted full blocks only: a ragged last block "
-             "of queries still reads all of K and V, so count blocks with ceil(N / b) (triton.cdiv)"),
-            (2 * N * d + N * d * blocks, "each block of queries reads all of K and all of V: 2 N d "
-             "per block"),
-            (2 * N * d * blocks, "the Q blocks are read once and the O blocks written once too: "
-             "2 N d more"),
-            (2 * N * d + 2 * N * d * -(-N // max(M // (2 * d), 1)), "the Q block and its output "
-             "accumulator share half the SRAM: b = M // (4 d)")],
-            "follow the docstring")
+    if got != flash_want:
+        _fail_count(f"{name} (b = M // (4 d) = {b})", got, flash_want,
+                    list(zip(flash_mistakes, _FLASH_MISTAKES)), "follow the docstring")
     name = f"flash_one_pass_max_n(d={d}, M={M})"
     got = one_pass(d, M)
     _number(got, name)
     if got != b:
         fail(f"{name} is {got}, expected {b}: the longest N that one block of b = M // (4 d) "
-             "queries covers" + (" (the Q block and its accumulator take half the SRAM, "
-                                 "2 b d <= M / 2)" if got == M // (2 * d) else ""))
+             "queries covers" + one_pass_why.get(got, ""))
 
 
 def check_dram_accesses(naive_dram_accesses, flash_dram_accesses, flash_one_pass_max_n):
