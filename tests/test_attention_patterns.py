@@ -7,6 +7,7 @@ kernels' block counts and the worked example.
 On a CPU the kernels run through Triton's interpreter at small sizes; on a GPU the same
 tests run compiled (course.testing picks the tolerances).
 """
+import itertools
 import math
 
 import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is imported)
@@ -15,13 +16,15 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from course import DEVICE, INTERPRET
+from course import DEVICE, INTERPRET, recorded
 from course.checks import attention_patterns as checks
 from course.testing import CheckFailed, assert_close, randn
 from grader import answer_key
+from grader.paths import lesson_file
 from solutions import attention_patterns as ap
 
 F32, F16 = torch.float32, torch.float16
+answers = lesson_file("09_attention_patterns", "answers")
 
 
 # ---------------------------------------------------------------------------------------
@@ -79,7 +82,7 @@ def test_alibi_slopes_are_the_papers():
 
 def test_alibi_solution_equals_the_checks_recursion():
     for heads in range(1, 130):
-        assert ap.alibi_slopes(heads).double().tolist() == pytest.approx(checks.alibi_reference(heads),
+        assert ap.alibi_slopes(heads).double().tolist() == pytest.approx(answers.alibi_slopes(heads),
                                                                          rel=1e-6)
 
 
@@ -109,6 +112,25 @@ def test_pattern_reference_with_every_pattern_is_sdpa_with_an_explicit_bias():
     assert_close(lse, torch.logsumexp(turned_q @ turned_k.transpose(-1, -2) * 0.25 + bias, -1), quiet=True)
 
 
+def _visible_keys(n_q, n_k, *, q_offset=0, causal=False, window=None):
+    """[n_q, n_k] bool: query i (at q_offset + i) sees key j. window W: 0 <= distance < W."""
+    distance = (q_offset + torch.arange(n_q))[:, None] - torch.arange(n_k)
+    if window is not None:
+        return (distance >= 0) & (distance < window)
+    return distance >= 0 if causal else torch.ones(n_q, n_k, dtype=torch.bool)
+
+
+def _block_ranges(n_q, n_k, block_q, block_k, **pattern):
+    """[(first, stop)] per query block, found by looking at every key: the key blocks that
+    hold a key one of the block's queries sees."""
+    sees = _visible_keys(n_q, n_k, **pattern)
+    ranges = []
+    for qs in range(0, n_q, block_q):
+        blocks = sees[qs:qs + block_q].any(0).nonzero().flatten() // block_k
+        ranges.append((int(blocks.min()), int(blocks.max()) + 1))
+    return ranges
+
+
 def test_key_block_range_equals_the_brute_force_search():
     g = torch.Generator().manual_seed(12)
 
@@ -119,7 +141,7 @@ def test_key_block_range_equals_the_brute_force_search():
         n_k = n_q + draw(0, 100)
         pattern = dict(q_offset=draw(0, n_k - n_q), causal=bool(draw(0, 1)),
                        window=None if draw(0, 1) else draw(1, 150))
-        ranges = checks.block_ranges(n_q, n_k, bq, bk, **pattern)
+        ranges = _block_ranges(n_q, n_k, bq, bk, **pattern)
         assert [ap.key_block_range(i, n_q, n_k, bq, bk, **pattern) for i in range(len(ranges))] == ranges
 
 
@@ -135,9 +157,8 @@ def test_window_question_answer_is_the_range():
 def test_wrapper_visits_exactly_the_key_blocks_of_key_block_range(pattern):
     q, k, v = checks.pattern_values(2, 2, 1, 50, 80, 16, F32, seed=13)
     _, _, runs = ap.pattern_attention(q, k, v, block_q=16, block_k=16, **pattern)
-    ranges = checks.block_ranges(50, 80, 16, 16, q_offset=pattern.get("q_offset", 0),
-                                 causal="causal" in pattern or "window" in pattern,
-                                 window=pattern.get("window"))
+    ranges = _block_ranges(50, 80, 16, 16, q_offset=pattern.get("q_offset", 0),
+                           causal="causal" in pattern or "window" in pattern, window=pattern.get("window"))
     assert runs.tolist() == [[[stop - first for first, stop in ranges]] * 2] * 2
 
 
@@ -207,8 +228,8 @@ def _fake_kernel(mistake=None, skip=True):
                                                   blocks=(BLOCK_Q, BLOCK_K), **pattern)
                 o.copy_(out.to(o.dtype))
                 lse.copy_(l.float())
-                ranges = checks.block_ranges(Nq, k.shape[2], BLOCK_Q, BLOCK_K, q_offset=q_offset,
-                                             causal=CAUSAL, window=pattern["window"])
+                ranges = _block_ranges(Nq, k.shape[2], BLOCK_Q, BLOCK_K, q_offset=q_offset, causal=CAUSAL,
+                                       window=pattern["window"])
                 every = triton.cdiv(k.shape[2], BLOCK_K)
                 runs.copy_(torch.tensor([stop - first if skip else every for first, stop in ranges],
                                         dtype=torch.int32).expand_as(runs))
@@ -217,9 +238,10 @@ def _fake_kernel(mistake=None, skip=True):
 
 
 def test_kernel_check_passes_a_right_stand_in():
-    checks.case_pattern_kernel_random(_fake_kernel(), 1, 4, 2, 30, 45, 24, F32, seed=18, alibi=True,
-                                      rope=True, window=9, q_offset=15, blocks=(16, 16), out_layout="bnhd",
-                                      quiet=True)
+    with recorded.computing(answer_key.resolve):  # inputs of no visible check: as a hidden test
+        checks.case_pattern_kernel_random(_fake_kernel(), 1, 4, 2, 30, 45, 24, F32, seed=18, alibi=True,
+                                          rope=True, window=9, q_offset=15, blocks=(16, 16),
+                                          out_layout="bnhd", quiet=True)
 
 
 @pytest.mark.parametrize("mistake, says", [(dict(bias_factor=checks.LN2), "log2"),
@@ -228,16 +250,35 @@ def test_kernel_check_passes_a_right_stand_in():
                                            (dict(pairing="interleaved"), "interleaved"),
                                            (dict(q_positions_shift=15), "q_offset")])
 def test_kernel_check_names_the_classic_mistakes(mistake, says):
-    with pytest.raises(CheckFailed, match=says):
+    with recorded.computing(answer_key.resolve), pytest.raises(CheckFailed, match=says):
         checks.case_pattern_kernel_random(_fake_kernel(mistake), 1, 4, 2, 30, 45, 24, F32, seed=19,
                                           alibi=True, rope=True, window=9, q_offset=15, blocks=(16, 16),
                                           quiet=True)
 
 
 def test_kernel_check_refuses_masking_instead_of_skipping():
+    shape, options = checks.KERNEL_CASES[3]  # a visible case: its counts are recorded
+    assert options.get("window") == 20
     with pytest.raises(CheckFailed, match="skip the others"):
-        checks.case_pattern_kernel_random(_fake_kernel(skip=False), 1, 2, 2, 64, 64, 16, F32, seed=20,
-                                          window=20, blocks=(16, 16), quiet=True)
+        checks.case_pattern_kernel_random(_fake_kernel(skip=False), *shape, **options, quiet=True)
+
+
+def test_a_gpu_wrapper_finds_its_blocks_recorded_or_is_told_which_are():
+    """Without block_q and block_k a wrapper on a GPU chooses its blocks: the table holds the
+    counts of the visible cases for every size in GPU_BLOCK_SIZES, and says so for others."""
+    for shape, options in checks.WRAPPER_CASES + checks.WRAPPER_GPU_CASES:
+        if "blocks" in options:
+            continue
+        B, H, _, Nq, Nk = shape[:5]
+        pattern = checks._pattern(**{key: options[key] for key in ("q_offset", "causal", "window")
+                                     if key in options})
+        for blocks in itertools.product(checks.GPU_BLOCK_SIZES, repeat=2):
+            counts = checks._expected_blocks(B, H, Nq, Nk, blocks, pattern, name="pattern_attention")
+            ranges = _block_ranges(Nq, Nk, *blocks, q_offset=pattern["q_offset"], causal=pattern["causal"],
+                                   window=pattern["window"])
+            assert counts.tolist() == [[[stop - first for first, stop in ranges]] * H] * B
+        with pytest.raises(CheckFailed, match=r"BLOCK_Q=512, BLOCK_K=64; the visible checks know"):
+            checks._expected_blocks(B, H, Nq, Nk, (512, 64), pattern, name="pattern_attention")
 
 
 # ---------------------------------------------------------------------------------------
