@@ -97,7 +97,7 @@ def record(lesson: str) -> dict:
     check uses only in the other mode, CPU or GPU)."""
     from course import recorded
     topic = paths.topic_of(lesson)
-    table = {}
+    table, prints = {}, {}
 
     def recording(topic_asked, name):
         if topic_asked != topic:
@@ -108,6 +108,7 @@ def record(lesson: str) -> dict:
         def call(*args):
             value = compute(*args)
             table.setdefault(name, {})[recorded.key(args)] = recorded.as_json(value)
+            prints.update(recorded.fingerprints(args))
             return value
         return call
 
@@ -115,6 +116,8 @@ def record(lesson: str) -> dict:
         run_checks(lesson)
         for name, args in getattr(paths.lesson_file(lesson, "answers"), "EXTRA", []):
             recorded.answer(topic, name, *args)
+    if prints:
+        table[recorded.FINGERPRINTS] = prints
     return {name: dict(sorted(values.items())) for name, values in sorted(table.items())}
 
 
