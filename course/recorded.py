@@ -15,6 +15,7 @@ a `signature`: the entries where it differs most from the right output.
 Only what the checks ask while the answer key passes them is recorded: a check asks for
 every answer it may need (the classic mistakes' values too) before it compares.
 """
+import collections.abc
 import contextlib
 import functools
 import hashlib
@@ -29,7 +30,7 @@ _SAMPLES = 16
 # An input drawn from the same seed may differ in its last bits on another CPU or torch
 # build (so its digest differs): it is found by its samples, to about a float16 rounding.
 _SAMPLE_RTOL, _SAMPLE_ATOL = 2e-3, 1e-6
-_computing = []  # (resolve(topic, name) -> function, missing_only) of the grader, if in use
+_computing = []  # (resolve(topic, name) -> function, missing_only, recording) of the grader, if in use
 
 
 def key(args) -> str:
@@ -92,6 +93,36 @@ def _table(topic):
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+class _Deferred(collections.abc.Mapping):
+    """A mapping made on first use."""
+
+    def __init__(self, make):
+        self._make, self._made = make, None
+
+    def _value(self):
+        if self._made is None:
+            self._made = self._make()
+        return self._made
+
+    def __getitem__(self, item):
+        return self._value()[item]
+
+    def __iter__(self):
+        return iter(self._value())
+
+    def __len__(self):
+        return len(self._value())
+
+
+def deferred(make):
+    """make(): a mapping a check needs only once a result is wrong (its classic mistakes'
+    outputs). Made at once where the tables are read or recorded; made when first used
+    while the grader computes, so a hidden test that passes never computes its mistakes."""
+    if _computing and not _computing[-1][1] and not _computing[-1][2]:
+        return _Deferred(make)
+    return make()
+
+
 def answer(topic: str, name: str, *args):
     """The answer key's value of `name(*args)` for module `topic`: read from the recorded
     table, or computed while the grader has the answer key in use (see `computing`)."""
@@ -117,12 +148,13 @@ def matches(output, signature, atol, rtol) -> bool:
 
 
 @contextlib.contextmanager
-def computing(resolve, *, missing_only=False):
+def computing(resolve, *, missing_only=False, recording=False):
     """Within the block, answer() computes with resolve(topic, name) (the grader's answer
     key) instead of reading the recorded tables; with missing_only, only what no table
     holds (the grader's run of a visible check: a table made with another torch, or a
-    GPU-only input, never costs a learner points)."""
-    _computing.append((resolve, missing_only))
+    GPU-only input, never costs a learner points). recording: every answer is asked at
+    once, deferred ones too (grader/answer_key.py records them)."""
+    _computing.append((resolve, missing_only, recording))
     try:
         yield
     finally:

@@ -112,7 +112,7 @@ def record(lesson: str) -> dict:
             return value
         return call
 
-    with recorded.computing(recording):
+    with recorded.computing(recording, recording=True):
         run_checks(lesson)
         for name, args in getattr(paths.lesson_file(lesson, "answers"), "EXTRA", []):
             recorded.answer(topic, name, *args)

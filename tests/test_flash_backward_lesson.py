@@ -14,7 +14,7 @@ import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is i
 import pytest
 import torch
 
-from course import DEVICE, INTERPRET
+from course import DEVICE, INTERPRET, recorded
 from course.checks import flash_backward as checks
 from course.testing import CheckFailed, assert_close, randn
 from grader import answer_key, paths, rules
@@ -24,6 +24,14 @@ from tests import submissions as subs
 
 F32, F16 = torch.float32, torch.float16
 LESSON = "08_flash_backward"
+answers = paths.lesson_file(LESSON, "answers")
+
+
+@pytest.fixture
+def keyed():
+    """The answer key computes what a check asks: these inputs are none of the visible checks'."""
+    with recorded.computing(answer_key.resolve):
+        yield
 
 
 def _inputs(B, H, Hkv, Nq, Nk, D, seed, dtype=torch.float64):
@@ -36,11 +44,12 @@ def _inputs(B, H, Hkv, Nq, Nk, D, seed, dtype=torch.float64):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_float64_references_agree_with_each_other_and_with_the_answer_key(causal):
-    """The checks' autograd, their hand-written formulas and the answer key's
-    attention_backward_reference give the same gradients (GQA, Nq != Nk, explicit scale)."""
+    """The checks' autograd, the hand-written formulas of the mistakes' emulator (answers.py)
+    and the answer key's attention_backward_reference give the same gradients (GQA, Nq != Nk,
+    explicit scale)."""
     q, k, v, do = _inputs(2, 4, 2, 13, 21, 24, seed=1, dtype=F32)
     autograd = checks.reference_grads(q, k, v, do, causal, 0.3)
-    by_hand = checks.manual_grads(q, k, v, do, causal, 0.3)
+    by_hand = answers.manual_grads(q, k, v, do, causal, 0.3)
     o, lse = checks.forward64(q, k, v, causal, 0.3)
     key = fb.attention_backward_reference(q, k, v, o, do, lse.float(), causal, 0.3)
     assert_close(o, attention_reference(q.double(), k.double(), v.double(), causal, 0.3), quiet=True)
@@ -49,24 +58,30 @@ def test_float64_references_agree_with_each_other_and_with_the_answer_key(causal
         assert_close(c, a, atol=1e-5, rtol=1e-5, quiet=True)  # lse rounded to fp32
 
 
-def test_each_emulated_mistake_changes_the_gradients():
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_emulated_mistake_changes_the_gradients_and_the_check_describes_it(causal):
     q, k, v, do = _inputs(1, 4, 2, 16, 16, 16, seed=2)
-    right = checks.reference_grads(q, k, v, do, True, 0.25)
-    mistakes = checks.grad_mistakes(q, k, v, do, True, 0.25)
-    names = []
-    for description, wrong in mistakes.items():
-        names.append(description)
-        assert any(not torch.allclose(w, r, atol=1e-3) for w, r in zip(wrong, right)), description
-    assert any("group" in n for n in names) and any("causal" in n for n in names)
-    assert any("base-2" in n for n in names) and any("dS" in n for n in names)
+    right = checks.reference_grads(q, k, v, do, causal, 0.25)
+    switches = answers.mistake_switches(causal, True, 0.25)
+    assert set(switches) <= set(checks._GRAD_MISTAKES)
+    for name, switch in switches.items():
+        wrong = answers.manual_grads(q, k, v, do, causal, 0.25, **switch)
+        assert any(not torch.allclose(w, r, atol=1e-3) for w, r in zip(wrong, right)), name
+    recorded_mistakes = answers.grad_mistakes(q, k, v, do, causal, 0.25, "kv")
+    assert set(recorded_mistakes) == set(switches)
+    assert all(sigs[0] is None for sigs in recorded_mistakes.values())  # dq is not compared
+    assert recorded_mistakes["dq_scale_twice"] == [None, None, None]  # dK and dV as they are
+    assert set(checks._GRAD_MISTAKES) == set(answers.mistake_switches(True, True, 0.25)) | {"mask_extra"}
 
 
 def test_gradient_sizes_bound_the_gradients():
     """The tolerance scales with |dS| |K| (and the like): never below the gradient itself."""
     q, k, v, do = _inputs(1, 2, 1, 20, 30, 16, seed=3)
-    for grad, size in zip(checks.reference_grads(q, k, v, do, False, 0.25),
-                          checks.manual_grads(q, k, v, do, False, 0.25, absolute=True)):
+    sizes = answers.manual_grads(q, k, v, do, False, 0.25, absolute=True)
+    for grad, size, largest in zip(checks.reference_grads(q, k, v, do, False, 0.25), sizes,
+                                   answers.grad_sizes(q, k, v, do, False, 0.25)):
         assert (grad.abs() <= size + 1e-12).all()
+        assert largest == float(size.max())
 
 
 def test_extreme_values_put_rows_of_scores_far_above_and_below_zero():
@@ -113,22 +128,45 @@ def test_autograd_functions_make_a_trainable_operation():
         assert_close(leaf.grad, want, quiet=True)
 
 
-def test_checks_name_a_delta_from_the_wrong_tensors():
+@pytest.mark.parametrize("mistake", checks._GRAD_MISTAKES)
+def test_checks_name_each_recorded_mistake(mistake):
+    """attention_backward_reference emulating a classic mistake fails the visible check,
+    which reads the recorded signatures, naming that mistake (the first case it applies
+    to: causal for the missing mask, GQA for the group sum), and fails the hidden test,
+    which computes them."""
     def wrong(q, k, v, o, do, lse, causal=False, sm_scale=None):
-        return checks.manual_grads(q, k, v, do, causal, fb.default_scale(sm_scale, q.shape[-1]),
-                                   delta_from="do")
-    with pytest.raises(CheckFailed, match="delta was computed from dO"):
-        checks.case_reference(wrong, 1, 2, 2, 20, 20, 16, F32, seed=10, quiet=True)
+        scale = fb.default_scale(sm_scale, q.shape[-1])
+        switches = answers.mistake_switches(causal, q.shape[1] != k.shape[1], scale)
+        return answers.manual_grads(q, k, v, do, causal, scale, **switches.get(mistake, {}))
+    says = "this matches a classic mistake: " + checks._GRAD_MISTAKES[mistake].format(group=2)
+    with pytest.raises(CheckFailed) as failure:
+        checks.check_attention_backward_reference(wrong)
+    assert says in str(failure.value)
+    with pytest.raises(CheckFailed):
+        answer_key.hidden(LESSON).test_attention_backward_reference(wrong)
 
 
-def test_checks_name_gqa_gradients_not_summed():
-    def first_head_only(q, k, v, o, do, lse, causal=False, sm_scale=None):
-        return checks.manual_grads(q, k, v, do, causal, fb.default_scale(sm_scale, q.shape[-1]),
-                                   sum_group=False)
-    with pytest.raises(CheckFailed, match="first query head of each group"):
-        checks.case_reference(first_head_only, 1, 4, 2, 17, 11, 16, F32, seed=11, quiet=True)
+SOFTMAX_MISTAKES = {  # what the check says: softmax_backward gone that way
+    "was not subtracted": lambda p, dp, dim: p * dp,
+    "the factor p in front is missing": lambda p, dp, dim: dp - (p * dp).sum(dim, keepdim=True),
+    "the sum must weigh dp by p": lambda p, dp, dim: p * (dp - dp.sum(dim, keepdim=True)),
+    "is one number per row": lambda p, dp, dim: p * (dp - p * dp),
+    "the sum ran over dim 1, not over the softmax's dim 0":
+        lambda p, dp, dim: p * (dp - (p * dp).sum(-1, keepdim=True)),
+}
 
 
+@pytest.mark.parametrize("says", SOFTMAX_MISTAKES)
+def test_softmax_check_names_each_recorded_mistake(says):
+    def wrong(p, dp, dim=-1):
+        return SOFTMAX_MISTAKES[says](p.float(), dp.float(), dim).to(p.dtype)
+    with pytest.raises(CheckFailed, match=re.escape(says)):
+        checks.check_softmax_backward(wrong)
+    with pytest.raises(CheckFailed):
+        answer_key.hidden(LESSON).test_softmax_backward(wrong)
+
+
+@pytest.mark.usefixtures("keyed")
 def test_zero_gradients_fail_but_a_single_key_may_give_them():
     def zeros(q, k, v, o, do, lse, causal=False, sm_scale=None):
         return tuple(torch.zeros(t.shape, dtype=torch.float64, device=t.device) for t in (q, k, v))

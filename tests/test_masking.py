@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import course
 from course.checks import masking as checks
+from course.testing import CheckFailed
 from grader import answer_key
 from grader.paths import lesson_file
 from solutions import masking as ref
@@ -133,6 +134,60 @@ def test_visible_checks_and_hidden_tests_pass_the_reference(exercise):
     with contextlib.redirect_stdout(io.StringIO()):
         getattr(checks, f"check_{exercise}")(*CALLS[exercise])
         getattr(answer_key.hidden("02_masking"), f"test_{exercise}")(*CALLS[exercise])
+
+
+SAFE_SOFTMAX_MISTAKES = {  # what the check says: safe_softmax gone that way
+    "NaN on fully masked rows": lambda scores, dim: torch.softmax(scores, dim=dim),
+    "equal weights 1/N": lambda scores, dim: torch.softmax(
+        scores.masked_fill(torch.isneginf(scores).all(dim, keepdim=True), 0.0), dim=dim),
+}
+
+
+@pytest.mark.parametrize("says", SAFE_SOFTMAX_MISTAKES)
+def test_safe_softmax_check_names_each_recorded_mistake(says):
+    """A classic mistake fails the visible check, which reads the recorded signatures,
+    naming it, and fails the hidden test, which computes them."""
+    def wrong(scores, dim=-1):
+        return SAFE_SOFTMAX_MISTAKES[says](scores, dim)
+    with pytest.raises(CheckFailed, match=says):
+        checks.check_safe_softmax(wrong)
+    with pytest.raises(CheckFailed):
+        answer_key.hidden("02_masking").test_safe_softmax(wrong)
+
+
+def _stand_in(weights):
+    """A masked_softmax_kernel that writes weights(x [B, M, N] float64, causal, lengths) in
+    PyTorch."""
+    class Kernel:
+        def __getitem__(self, grid):
+            def launch(out, x, lengths, *strides_and_n, CAUSAL, HAS_LENGTHS, BLOCK_SIZE):
+                lens = lengths.tolist() if HAS_LENGTHS else None
+                out.copy_(weights(x.double(), CAUSAL, lens).to(out.dtype))
+            return launch
+    return Kernel()
+
+
+def _keys(x, causal, lengths, **mistake):
+    return checks.visible_keys(*x.shape[1:], causal=causal, lengths=lengths, device=x.device, **mistake)
+
+
+KERNEL_MISTAKES = {  # what the check says: the kernel's weights gone that way
+    "the diagonal is masked": lambda x, causal, lengths: checks.masked_reference(
+        x, _keys(x, causal, lengths, strict=True)),
+    "padding applied to the queries": lambda x, causal, lengths: checks.masked_reference(
+        x, _keys(x, causal, lengths, pad_queries=True)),
+    "NaN on fully masked rows": lambda x, causal, lengths: torch.softmax(
+        x.masked_fill(~_keys(x, causal, lengths), NEG_INF), -1),
+}
+
+
+@pytest.mark.parametrize("says", KERNEL_MISTAKES)
+def test_kernel_check_names_each_recorded_mistake(says):
+    kernel = _stand_in(KERNEL_MISTAKES[says])
+    with pytest.raises(CheckFailed, match=says):
+        checks.check_masked_softmax_kernel(kernel)
+    with pytest.raises(CheckFailed):
+        answer_key.hidden("02_masking").test_masked_softmax_kernel(kernel)
 
 
 def test_catalog_has_the_classic_bugs():

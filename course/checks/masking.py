@@ -3,13 +3,17 @@ inputs the learner never sees.
 
 Convention: a boolean mask is True where a key is BLOCKED; `visible` tensors below are
 the opposite (True where query i may see key j), which reads better in references.
+
+The outputs of the classic mistakes of safe_softmax and of the masked-softmax kernel, by
+which a failing check names the one it matches, are recorded for the checks' inputs
+(course/recorded.py; grader/lessons/02_masking/answers.py computes them).
 """
 import warnings
 
 import torch
 import triton
 
-from course import DEVICE
+from course import DEVICE, recorded
 from course.checks.softmax import (HALF_SUM, OVERFLOW, extreme_rows, layouts, long_half_rows,
                                    recorded_launches, wrapper_hint)
 from course.testing import (assert_close, assert_not_trivial, check_rejects, dtype_name,
@@ -212,7 +216,15 @@ def check_padding_mask(padding_mask):
 # ---------------------------------------------------------------------------------------
 # safe_softmax
 
+_SAFE_SOFTMAX_MISTAKES = (  # what each output of answers.py's safe_softmax_mistakes comes from
+    "NaN on fully masked rows: a row of -inf has max -inf, and -inf - (-inf) is NaN; such rows "
+    "must give zeros",
+    "fully masked rows got equal weights 1/N; they must give zeros")
+
+
 def case_safe_softmax(fn, scores, dim, *, name, quiet=False):
+    found = zip(_SAFE_SOFTMAX_MISTAKES, recorded.answer("masking", "safe_softmax_mistakes", scores, dim))
+    mistakes = {description: wrong for description, wrong in found if wrong}  # none without a masked row
     before = scores.clone()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a warning becomes an exception, named below
@@ -224,13 +236,7 @@ def case_safe_softmax(fn, scores, dim, *, name, quiet=False):
         fail(f"{name} changed its `scores` argument in place: return a new tensor")
     moved = scores.movedim(dim, -1)
     expected = masked_reference(moved, ~torch.isneginf(moved)).movedim(-1, dim)
-    blocked_row = torch.isneginf(moved).all(-1, keepdim=True)
-    assert_close(out, expected, name=name, quiet=quiet,
-                 mistakes={"NaN on fully masked rows: a row of -inf has max -inf, and "
-                           "-inf - (-inf) is NaN; such rows must give zeros":
-                           torch.softmax(scores.double(), dim=dim),
-                           "fully masked rows got equal weights 1/N; they must give zeros":
-                           torch.softmax(moved.double().masked_fill(blocked_row, 0.0), -1).movedim(-1, dim)},
+    assert_close(out, expected, name=name, quiet=quiet, mistakes=mistakes,
                  hint="find the slices where every entry is -inf (torch.isneginf(...).all(dim)) "
                       "and return 0 there without computing -inf - (-inf)")
     assert_not_trivial(out, name=name)
@@ -269,41 +275,30 @@ def check_safe_softmax(safe_softmax):
 # ---------------------------------------------------------------------------------------
 # masked_softmax_kernel and the masked_softmax wrapper
 
-def kernel_mistakes(scores, causal, lengths):
-    """{description: output} of the classic bugs of a masked softmax on scores [B, M, N]."""
-    _, M, N = scores.shape
-    visible = visible_keys(M, N, causal=causal, lengths=lengths, device=scores.device)
-    mistakes = {}
-    if not visible.all():  # with nothing masked, an inverted mask (all zeros) names nothing
-        mistakes["mask polarity inverted: the masked keys got the weight and the visible "
-                 "ones were hidden"] = masked_reference(scores, ~visible)
-    if causal:
-        mistakes["causal off by one: the diagonal is masked (j < i); query i must see "
-                 "the keys j <= i, itself included"] = masked_reference(
-            scores, visible_keys(M, N, causal=True, lengths=lengths, strict=True, device=scores.device))
-    if lengths is not None:
-        mistakes["padding applied to the queries (rows i >= length) instead of the keys "
-                 "(columns j >= length)"] = masked_reference(
-            scores, visible_keys(M, N, causal=causal, lengths=lengths, pad_queries=True, device=scores.device))
-    mistakes["NaN on fully masked rows: with every key masked the row max is -inf and "
-             "-inf - (-inf) is NaN; such rows must be zeros"] = torch.softmax(
-        scores.double().masked_fill(~visible, NEG_INF), dim=-1)
-    # The padding lanes j >= N of a power-of-two block, loaded as 0 instead of -inf.
-    block = triton.next_power_of_2(N)
-    padded = torch.cat([scores.double(), scores.new_zeros(*scores.shape[:2], block - N).double()], -1)
-    mistakes["the lanes past the end of the row were loaded as 0 (other=0) instead of -inf, "
-             "so they added exp(0 - max) to the sum"] = masked_reference(
-        padded, visible_keys(M, block, causal=causal, lengths=lengths, device=scores.device))[..., :N]
-    e = torch.exp(scores.float().masked_fill(~visible, NEG_INF))
-    total = e.sum(-1, keepdim=True)
-    mistakes[OVERFLOW.format(where="row")] = e / total.masked_fill(total == 0, 1.0)
-    if scores.dtype != torch.float32:  # the exps summed in the scores' dtype
-        s = scores.double().masked_fill(~visible, NEG_INF)
-        top = s.amax(-1, keepdim=True)
-        e = torch.exp(s - top.masked_fill(top == NEG_INF, 0.0)).to(scores.dtype).double()
-        total = e.sum(-1, keepdim=True).to(scores.dtype).double()
-        mistakes[HALF_SUM] = e / total.masked_fill(total == 0, 1.0)
-    return mistakes
+_KERNEL_MISTAKES = {  # answers.py's kernel_mistakes: {name: output}, described
+    "polarity": "mask polarity inverted: the masked keys got the weight and the visible ones were "
+                "hidden",
+    "strict_causal": "causal off by one: the diagonal is masked (j < i); query i must see the keys "
+                     "j <= i, itself included",
+    "queries_padded": "padding applied to the queries (rows i >= length) instead of the keys "
+                      "(columns j >= length)",
+    "nan_rows": "NaN on fully masked rows: with every key masked the row max is -inf and -inf - "
+                "(-inf) is NaN; such rows must be zeros",
+    "other_zero": "the lanes past the end of the row were loaded as 0 (other=0) instead of -inf, so "
+                  "they added exp(0 - max) to the sum",
+    "no_max": OVERFLOW.format(where="row"),
+    "half_sum": HALF_SUM,
+}
+
+
+def kernel_mistakes(scores, causal, lengths, expected, atol, rtol):
+    """{description: recorded output} of the classic bugs of a masked softmax on scores
+    [B, M, N] or [M, N] that tell from the expected output: a mistake within the tolerance
+    of it where they differ most (no max subtracted from calm scores, say) names nothing."""
+    found = recorded.answer("masking", "kernel_mistakes", scores, causal, lengths)
+    right = expected.detach().to("cpu", torch.float64)
+    return {description: found[name] for name, description in _KERNEL_MISTAKES.items()
+            if found.get(name) and not recorded.matches(right, found[name], atol, rtol)}
 
 
 def _describe(shape, dtype, causal, lengths):
@@ -323,20 +318,22 @@ def case_kernel(kernel, x, *, causal, lengths=None, gaps=False, label="", quiet=
         name += f", rows {N + 5} (input) and {N + 8} (output) entries apart"
     margin = row_margin(N)
     x = guarded_input(x.to(DEVICE), gaps=(0, 2, 5) if gaps else None, margin=margin)
+    visible = visible_keys(M, N, causal=causal, lengths=lengths, device=DEVICE)
+    expected = masked_reference(x, visible)
+    atol, rtol = weight_tolerance(x.dtype, N, DEVICE)
+    mistakes = kernel_mistakes(x, causal, lengths, expected, atol, rtol)
     lens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     with guarded_output((B, M, N), x.dtype, DEVICE, name="the output", gaps=(0, 1, 8) if gaps else None,
                         margin=margin) as out:
         kernel[(M, B)](out, x, lens, x.stride(0), x.stride(1), out.stride(0), out.stride(1), N,
                        CAUSAL=causal, HAS_LENGTHS=lengths is not None,
                        BLOCK_SIZE=triton.next_power_of_2(N))
-    visible = visible_keys(M, N, causal=causal, lengths=lengths, device=DEVICE)
     # A NaN in a row that has a visible key and no score exp could overflow on was read
     # from the guards (a fully masked row's NaN is the kernel's own, named below).
     calm = visible.any(-1).expand(B, M) & (x.abs().amax(-1) < 80)
     explain_nan_from_guards(out[calm], name=name, gaps=gaps)
-    atol, rtol = weight_tolerance(x.dtype, N, DEVICE)
-    assert_close(out, masked_reference(x, visible), name=name, quiet=quiet, atol=atol, rtol=rtol,
-                 dim_names=("batch b",) + QUERY_KEY, mistakes=kernel_mistakes(x, causal, lengths),
+    assert_close(out, expected, name=name, quiet=quiet, atol=atol, rtol=rtol,
+                 dim_names=("batch b",) + QUERY_KEY, mistakes=mistakes,
                  hint="key j is visible to query i when j <= i (causal) and j < lengths[b]; "
                       "a row with no visible key must be all zeros")
 
@@ -376,16 +373,14 @@ def check_masked_softmax_kernel(kernel):
 def case_wrapper(fn, kernel, scores, *, causal, lengths=None, name, quiet=False):
     """fn(scores, ...) through the learner's kernel, PyTorch's softmax forbidden."""
     kwargs = {} if causal is None else {"causal": causal}  # None: rely on the default (True)
+    visible = visible_keys(*scores.shape[-2:], causal=causal is not False, lengths=lengths,
+                           device=scores.device)
+    expected = masked_reference(scores, visible).reshape(scores.shape)  # [1, M, N] from [M, N] scores
+    atol, rtol = weight_tolerance(scores.dtype, scores.shape[-1], scores.device)
+    mistakes = kernel_mistakes(scores, causal is not False, lengths, expected, atol, rtol)
     launches, record = recorded_launches()
     out = run_wrapper(fn, kernel, scores, lengths=lengths, forbid="softmax", name=name,
                       before_launch=record, **kwargs)
-    x = scores if scores.dim() == 3 else scores[None]
-    visible = visible_keys(x.shape[1], x.shape[2], causal=causal is not False, lengths=lengths,
-                           device=scores.device)
-    expected = masked_reference(x, visible).reshape(scores.shape)
-    mistakes = {k: v.reshape(scores.shape)
-                for k, v in kernel_mistakes(x, causal is not False, lengths).items()}
-    atol, rtol = weight_tolerance(scores.dtype, scores.shape[-1], scores.device)
     assert_close(out, expected, name=name, quiet=quiet, atol=atol, rtol=rtol, mistakes=mistakes,
                  hint=wrapper_hint(scores, launches, None))
     if out.dtype != scores.dtype:
