@@ -34,6 +34,45 @@ def signature(wrong, right) -> dict:
     return {"shape": list(wrong.shape), "at": at.tolist(), "values": wrong.reshape(-1)[at].tolist()}
 
 
+def _finite(x):
+    """x with NaN and infinities replaced by finite stand-ins far from any value and from
+    one another, so that one relative difference tells any two entries apart."""
+    x = torch.where(torch.isinf(x), x.sign() * 1e299, x)
+    return torch.where(torch.isnan(x), 1e300, x)
+
+
+def signatures(outputs, right) -> dict:
+    """{mistake: signature} of the outputs of a check's classic mistakes: each one's
+    SIGNATURE_ENTRIES entries where it differs most from the right output (as
+    signature picks them), plus, for every other mistake, the entry where the
+    two differ most. The check names the first mistake whose signature an output matches:
+    one mistake's output must not match another's where their whole outputs differ.
+    Computed on the outputs' device (a GPU's hidden tests compare large outputs)."""
+    right = torch.as_tensor(right).detach().to(torch.float64)
+    flat = {key: torch.as_tensor(wrong).detach().to(right.device, torch.float64).reshape(-1)
+            for key, wrong in outputs.items()}
+    at = {}
+    for key, wrong in outputs.items():
+        expected = right.expand_as(torch.as_tensor(wrong)).reshape(-1)
+        gap = (flat[key] - expected).abs()
+        gap = torch.where(torch.isnan(flat[key]) != torch.isnan(expected), math.inf,
+                          gap.nan_to_num(nan=0.0))
+        at[key] = set(torch.argsort(gap, descending=True, stable=True)[:SIGNATURE_ENTRIES].tolist())
+    finite = {key: _finite(x) for key, x in flat.items()}
+    size = {key: x.abs() for key, x in finite.items()}
+    keys = list(flat)
+    for i, one in enumerate(keys):
+        for other in keys[i + 1:]:
+            if flat[one].shape == flat[other].shape:
+                gap = (finite[one] - finite[other]).abs_().div_(1 + size[one] + size[other])
+                most = int(gap.argmax())
+                if gap[most] > 0:
+                    at[one].add(most)
+                    at[other].add(most)
+    return {key: {"shape": list(torch.as_tensor(outputs[key]).shape), "at": sorted(at[key]),
+                  "values": flat[key][sorted(at[key])].tolist()} for key in keys}
+
+
 def lessons() -> list:
     """The lessons whose checks ask for recorded answers."""
     return [name for name in paths.lesson_names() if (paths.LESSONS / name / "answers.py").exists()]

@@ -1,8 +1,10 @@
-"""Module 09 (patterns around attention): the references its checks are built from, against
-independent computations (Hugging Face's rotate_half RoPE, PyTorch's SDPA with an explicit
-bias, the ALiBi paper's values, a brute-force search of key blocks); what the checks catch,
-shown with stand-ins; the reference passing every visible check and hidden test; the
-kernels' block counts and the worked example.
+"""Module 09 (patterns around attention): the answer key's references (answers.py: RoPE, the
+dense attention with every pattern, the projection's columns) against independent
+computations (Hugging Face's rotate_half RoPE, PyTorch's SDPA with an explicit bias, the
+ALiBi paper's values, a brute-force search of key blocks) and against what the checks
+compare with; what the checks catch, shown with stand-ins, from the recorded table where
+the inputs are visible ones (the GPU's cases included); the reference passing every visible
+check and hidden test; the kernels' block counts and the worked example.
 
 On a CPU the kernels run through Triton's interpreter at small sizes; on a GPU the same
 tests run compiled (course.testing picks the tolerances).
@@ -42,7 +44,7 @@ def _rotate_half_rope(x, positions, base):
 def test_rope_reference_is_rotate_half():
     x = randn(2, 3, 11, 24, dtype=torch.float64, seed=1)
     positions = 7 + torch.arange(11, dtype=torch.float64)
-    assert_close(checks.rope_reference(x, positions, 500.0), _rotate_half_rope(x, positions, 500.0),
+    assert_close(answers.turned(x, positions, 500.0), _rotate_half_rope(x, positions, 500.0),
                  quiet=True)
 
 
@@ -50,10 +52,10 @@ def test_interleaved_pairing_is_halves_with_the_lanes_permuted():
     x = randn(1, 2, 9, 16, dtype=torch.float64, seed=2)
     positions = torch.arange(9, dtype=torch.float64)
     to_interleaved = torch.stack([torch.arange(8), torch.arange(8, 16)], dim=-1).flatten()  # 0, 8, 1, 9, ...
-    halves = checks.rope_reference(x, positions)
-    interleaved = checks.rope_reference(x[..., to_interleaved], positions, pairing="interleaved")
+    halves = answers.turned(x, positions)
+    interleaved = answers.turned(x[..., to_interleaved], positions, pairing="interleaved")
     assert_close(interleaved, halves[..., to_interleaved], quiet=True)
-    assert not torch.allclose(checks.rope_reference(x, positions, pairing="interleaved"), halves)
+    assert not torch.allclose(answers.turned(x, positions, pairing="interleaved"), halves)
 
 
 def test_rope_scores_depend_only_on_the_distance():
@@ -90,7 +92,7 @@ def test_alibi_solution_equals_the_checks_recursion():
 def test_pattern_reference_without_patterns_is_sdpa(causal, gqa):
     q = randn(2, 4, 30, 16, dtype=torch.float64, seed=6)
     k, v = (randn(2, 2 if gqa else 4, 30, 16, dtype=torch.float64, seed=s) for s in (7, 8))
-    o, lse = checks.pattern_reference(q, k, v, scale=0.3, causal=causal)
+    o, lse = answers.attention(q, k, v, scale=0.3, causal=causal)
     assert_close(o, F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=gqa),
                  quiet=True)
 
@@ -100,8 +102,7 @@ def test_pattern_reference_with_every_pattern_is_sdpa_with_an_explicit_bias():
     Nq, Nk, H = 12, 40, 4
     q, k, v = (randn(1, H, n, 16, dtype=torch.float64, seed=s) for s, n in ((9, Nq), (10, Nk), (11, Nk)))
     slopes = ap.alibi_slopes(H)
-    o, lse = checks.pattern_reference(q, k, v, scale=0.25, q_offset=Nk - Nq, window=9, rope=True,
-                                      slopes=slopes)
+    o, lse = answers.attention(q, k, v, scale=0.25, q_offset=Nk - Nq, window=9, rope=True, slopes=slopes)
     distance = (Nk - Nq + torch.arange(Nq))[:, None] - torch.arange(Nk)
     bias = -slopes.double()[:, None, None] * distance.abs()
     bias = bias.masked_fill((distance < 0) | (distance >= 9), float("-inf"))
@@ -110,6 +111,40 @@ def test_pattern_reference_with_every_pattern_is_sdpa_with_an_explicit_bias():
     assert_close(o, F.scaled_dot_product_attention(turned_q, turned_k, v, attn_mask=bias, scale=0.25),
                  quiet=True)
     assert_close(lse, torch.logsumexp(turned_q @ turned_k.transpose(-1, -2) * 0.25 + bias, -1), quiet=True)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(causal=True, q_offset=10), dict(window=7, q_offset=25),
+                                     dict(rope=True, alibi=True, window=9, q_offset=25, rope_base=500.0),
+                                     dict(rope=True, alibi=True, causal=True)])
+def test_the_checks_expected_attention_is_the_answer_keys_dense_one(options):
+    """The checks' SDPA with a score bias, on q and k turned by the recorded RoPE (computed
+    here, as for a hidden test), against answers.attention; grouped heads."""
+    q, k, v = checks.pattern_values(2, 4, 2, 15, 40, 24, F32, seed=24,
+                                    layouts=("bnhd", "sliced", "contiguous"))
+    slopes = ap.alibi_slopes(4) if options.get("alibi") else None
+    pattern = checks._pattern(slopes=slopes, **{key: options[key] for key in options if key != "alibi"})
+    with recorded.computing(answer_key.resolve):
+        asked = {what: recorded.answer("attention_patterns", name, *args) for what, (name, args)
+                 in checks.pattern_questions(q, k, v, scale=0.3, blocks=(16, 16), pattern=pattern).items()}
+    o, lse = checks._expected_pattern((q, k, v), {which: asked[which] for which in "qk" if which in asked},
+                                      scale=0.3, pattern=pattern)
+    want_o, want_lse = answers.attention(q, k, v, scale=0.3, **pattern)
+    assert_close(o, want_o, atol=1e-6, rtol=1e-6, quiet=True)  # RoPE recorded to 7 digits
+    assert_close(lse, want_lse, atol=1e-6, rtol=1e-6, quiet=True)
+
+
+def test_projection_columns_read_the_solutions_views_and_tell_the_slips_apart():
+    x, w = checks.projection_inputs(2, 7, 24, (4 + 2 * 4) * 8, F32, seed=25)
+    product = x.double() @ w.double().T
+    for kv_heads in (4, 2):
+        rows = (4 + 2 * kv_heads) * 8
+        columns = answers.projection_columns(rows, 4, kv_heads)
+        want = ap.qkv_projection(x.double(), w[:rows].double(), 4, kv_heads)
+        for got, right in zip((checks._read(product[..., :rows], part) for part in columns["parts"]), want):
+            assert torch.allclose(got, right, rtol=1e-12, atol=1e-12)  # the same sums, maybe in another order
+        slips = {"per_head", "lanes_outer"} if kv_heads == 4 else {"lanes_outer"}  # per_head: as many k as q
+        assert set(columns) == {"parts"} | slips
+        assert all(columns[layout] != columns["parts"] for layout in columns if layout != "parts")
 
 
 def _visible_keys(n_q, n_k, *, q_offset=0, causal=False, window=None):
@@ -183,7 +218,7 @@ def test_projection_views_feed_the_kernel_without_a_copy():
     assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
     assert q.stride() == (20 * 128, 16, 128, 1)
     o, _, _ = ap.pattern_attention(q, k, v, causal=True)
-    assert_close(o, checks.pattern_reference(q, k, v, scale=0.25, causal=True)[0], quiet=True)
+    assert_close(o, answers.attention(q, k, v, scale=0.25, causal=True)[0], quiet=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -203,38 +238,61 @@ def test_projection_check_names_a_copy_and_three_gemms():
         checks.case_projection_random(three_gemms, 2, 10, 24, 4, 2, 16, F32, seed=16, quiet=True)
 
 
-def test_rope_check_names_the_interleaved_convention():
-    def interleaved(x, offset=0, base=ap.ROPE_BASE):
-        positions = offset + torch.arange(x.shape[-2], dtype=torch.float64)
-        return checks.rope_reference(x, positions, base, pairing="interleaved").to(x.dtype)
-    with pytest.raises(CheckFailed, match="interleaved"):
-        checks.case_rope_random(interleaved, 1, 2, 12, 16, F32, seed=17, offset=3, quiet=True)
+@pytest.mark.parametrize("mistake, says", [(dict(pairing="interleaved"), "interleaved"),
+                                           (dict(turn=-1.0), "other way"), (dict(exponent=1.0), "exponent"),
+                                           (dict(shift=37), "offset = 37")])
+def test_rope_check_names_the_classic_mistakes_from_the_table(mistake, says):
+    switches = {name: value for name, value in mistake.items() if name != "shift"}
+
+    def wrong(x, offset=0, base=ap.ROPE_BASE):
+        positions = offset - mistake.get("shift", 0) + torch.arange(x.shape[-2], dtype=torch.float64)
+        return answers.turned(x, positions.to(x.device), base, **switches).to(x.dtype)
+    with pytest.raises(CheckFailed, match=says):  # a visible case: its mistakes are recorded
+        checks.case_rope_random(wrong, 2, 3, 20, 40, F32, seed=2, offset=37, layout="bnhd", quiet=True)
+
+
+def test_rope_kernel_check_names_frequencies_from_block_d():
+    def kernel(grid):
+        def launch(x, y, *args, HEAD_DIM, BLOCK_N, BLOCK_D):
+            positions = args[-2] + torch.arange(x.shape[2], dtype=torch.float64)
+            y.copy_(answers.turned(x, positions.to(x.device), args[-1], width=BLOCK_D).to(y.dtype))
+        return launch
+    with pytest.raises(CheckFailed, match="BLOCK_D = 64"):  # visible: D = 40 in tiles of 64
+        checks.case_rope_kernel_random(_Launched(kernel), 2, 3, 37, 40, F32, seed=2, offset=11, layout="bnhd",
+                                       out_layout="sliced", quiet=True)
+
+
+class _Launched:
+    """A stand-in launched as kernel[grid](...): launch(grid) gives the function run."""
+
+    def __init__(self, launch):
+        self.launch, self.__name__ = launch, "fake_kernel"
+
+    def __getitem__(self, grid):
+        return self.launch(grid)
 
 
 def _fake_kernel(mistake=None, skip=True):
-    """Launched like pattern_attention_kernel: stores pattern_reference (with a mistake) and
+    """Launched like pattern_attention_kernel: stores answers.attention (with a mistake) and
     the block counts (every key block when skip is False)."""
-    class Kernel:
-        __name__ = "fake_kernel"
-
-        def __getitem__(self, grid):
-            def launch(q, k, v, o, lse, slopes, runs, *args, CAUSAL, ROPE, BLOCK_Q, BLOCK_K, **meta):
-                qk_scale, q_offset, window, rope_base = args[-4:]
-                Nq = q.shape[2]
-                windowed = window < q_offset + Nq  # else the no-window value of plain causal
-                pattern = dict(q_offset=q_offset, causal=CAUSAL, window=window if windowed else None,
-                               rope=ROPE, rope_base=rope_base, slopes=slopes)
-                out, l = checks.pattern_reference(q, k, v, scale=qk_scale / checks.LOG2E, mistake=mistake,
-                                                  blocks=(BLOCK_Q, BLOCK_K), **pattern)
-                o.copy_(out.to(o.dtype))
-                lse.copy_(l.float())
-                ranges = _block_ranges(Nq, k.shape[2], BLOCK_Q, BLOCK_K, q_offset=q_offset, causal=CAUSAL,
-                                       window=pattern["window"])
-                every = triton.cdiv(k.shape[2], BLOCK_K)
-                runs.copy_(torch.tensor([stop - first if skip else every for first, stop in ranges],
-                                        dtype=torch.int32).expand_as(runs))
-            return launch
-    return Kernel()
+    def kernel(grid):
+        def launch(q, k, v, o, lse, slopes, runs, *args, CAUSAL, ROPE, BLOCK_Q, BLOCK_K, **meta):
+            qk_scale, q_offset, window, rope_base = args[-4:]
+            Nq = q.shape[2]
+            windowed = window < q_offset + Nq  # else the no-window value of plain causal
+            pattern = dict(q_offset=q_offset, causal=CAUSAL, window=window if windowed else None,
+                           rope=ROPE, rope_base=rope_base, slopes=slopes)
+            out, l = answers.attention(q, k, v, scale=qk_scale / checks.LOG2E, mistake=mistake,
+                                       blocks=(BLOCK_Q, BLOCK_K), **pattern)
+            o.copy_(out.to(o.dtype))
+            lse.copy_(l.float())
+            ranges = _block_ranges(Nq, k.shape[2], BLOCK_Q, BLOCK_K, q_offset=q_offset, causal=CAUSAL,
+                                   window=pattern["window"])
+            every = triton.cdiv(k.shape[2], BLOCK_K)
+            runs.copy_(torch.tensor([stop - first if skip else every for first, stop in ranges],
+                                    dtype=torch.int32).expand_as(runs))
+        return launch
+    return _Launched(kernel)
 
 
 def test_kernel_check_passes_a_right_stand_in():
@@ -279,6 +337,42 @@ def test_a_gpu_wrapper_finds_its_blocks_recorded_or_is_told_which_are():
             assert counts.tolist() == [[[stop - first for first, stop in ranges]] * H] * B
         with pytest.raises(CheckFailed, match=r"BLOCK_Q=512, BLOCK_K=64; the visible checks know"):
             checks._expected_blocks(B, H, Nq, Nk, (512, 64), pattern, name="pattern_attention")
+
+
+def _rope_kernel_stand_in(grid):
+    def launch(x, y, *args, HEAD_DIM, BLOCK_N, BLOCK_D):
+        positions = args[-2] + torch.arange(x.shape[2], dtype=torch.float64)
+        y.copy_(answers.turned(x, positions.to(x.device), args[-1]).to(y.dtype))
+    return launch
+
+
+def test_the_gpu_cases_find_every_answer_in_the_table():
+    """A learner's checks on a GPU read the table alone (no answer key): right stand-ins pass
+    the GPU's cases here, and the wrapper's questions are recorded for every block size it
+    may choose."""
+    for shape, options in checks.PROJECTION_GPU_CASES:
+        checks.case_projection_random(ap.qkv_projection, *shape, **options, quiet=True)
+    for shape, options in checks.ROPE_GPU_CASES:
+        checks.case_rope_random(ap.rope, *shape, **options, quiet=True)
+    for shape, options in checks.ROPE_KERNEL_GPU_CASES:
+        checks.case_rope_kernel_random(_Launched(_rope_kernel_stand_in), *shape, **options, quiet=True)
+    for shape, options in checks.KERNEL_GPU_CASES:
+        checks.case_pattern_kernel_random(_fake_kernel(), *shape, **options, quiet=True)
+    for shape, options in checks.WRAPPER_GPU_CASES:
+        q, k, v = checks.pattern_values(*shape, seed=options["seed"])
+        slopes = torch.tensor(recorded.answer("attention_patterns", "alibi_slopes", shape[1]), dtype=F32)
+        chosen = ("q_offset", "causal", "window", "rope")
+        pattern = checks._pattern(slopes=slopes, **{key: options[key] for key in chosen if key in options})
+        for blocks in itertools.product(checks.GPU_BLOCK_SIZES, repeat=2):
+            for name, args in checks.pattern_questions(q, k, v, scale=shape[5] ** -0.5, blocks=blocks,
+                                                       pattern=pattern).values():
+                recorded.answer("attention_patterns", name, *args)
+
+
+def test_the_table_stays_small():
+    """Outputs are recorded whole (RoPE's), so the GPU's cases are kept small: the learner's
+    copy installs the table."""
+    assert (recorded.FOLDER / "attention_patterns.json").stat().st_size < 2_000_000
 
 
 # ---------------------------------------------------------------------------------------

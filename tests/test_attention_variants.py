@@ -18,6 +18,7 @@ from course.checks import attention_variants as checks
 from course.testing import CheckFailed, assert_close, count_launches, randn
 from grader import answer_key, paths
 from solutions import attention_variants as av
+from tests.test_flash_forward import assert_named_as_before
 
 answers = paths.lesson_file("06_attention_variants", "answers")
 
@@ -208,6 +209,32 @@ def test_wrapper_check_refuses_an_output_not_in_q_s_layout():
         return av.attention(q.contiguous(), k, v, causal, sm_scale, **blocks)
     with pytest.raises(CheckFailed, match="q's layout"):
         checks.case_output_layout(copying, 1, 4, 2, 20, 30, 16, F32, seed=7)
+
+
+@pytest.mark.parametrize("case", checks.ATTENTION_CASES)
+def test_recorded_mistakes_are_named_as_their_whole_outputs_would_be(case):
+    """Each classic mistake's O and LSE, compared as the wrapper check's case compares, is
+    named from the recorded signatures (no answer computed) as the first mistake whose
+    whole output it matches."""
+    (B, H, Hkv, Nq, Nk, D, dtype), options = case
+    q, k, v = checks.variant_inputs(B, H, Hkv, Nq, Nk, D, dtype, seed=options["seed"],
+                                    kind=options.get("kind", "random"),
+                                    layouts=options.get("layouts", ("contiguous",) * 3))
+    scale = 1.0 / math.sqrt(D) if options.get("sm_scale") is None else options["sm_scale"]
+    blocks, causal = options.get("blocks", checks.ff.INTERPRETER_BLOCKS), options.get("causal", False)
+    mistakes = checks._mistakes(q, k, v, blocks, scale, causal)
+    o, lse = checks.reference(q, k, v, causal, scale)
+
+    def compare(out, lse_out=lse.float()):
+        checks._check_result(out, lse_out, q, k, v, name="o", causal=causal, scale=scale,
+                             kind=options.get("kind", "random"), mistakes=mistakes, hint=None, quiet=True)
+    outputs = answers.variant_outputs(q, k, v, *blocks, scale, causal, list(q.stride()))
+    lse_outputs = answers.lse_outputs(q, k, scale, causal)
+    named = [assert_named_as_before(compare, wrong.to(dtype), outputs, checks._variant_mistakes(q, k, v))
+             for wrong in outputs.values()]
+    named += [assert_named_as_before(lambda out: compare(o.to(dtype), out), wrong.float(), lse_outputs,
+                                     checks._LSE_MISTAKES) for wrong in lse_outputs.values()]
+    assert any(named)
 
 
 # ---------------------------------------------------------------------------------------

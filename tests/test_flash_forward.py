@@ -13,14 +13,22 @@ import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is i
 import pytest
 import torch
 
-from course import DEVICE, INTERPRET
+from course import DEVICE, INTERPRET, recorded
 from course.checks import flash_forward as checks
-from course.testing import CheckFailed, assert_close, count_launches, randn
+from course.testing import CheckFailed, assert_close, count_launches, randn, tolerance
 from grader import answer_key, paths
 from solutions import flash_forward as ff
 from solutions.naive_attention import attention_reference
 
+answers = paths.lesson_file("05_flash_forward", "answers")
 F32, F16 = torch.float32, torch.float16
+
+
+@pytest.fixture
+def keyed():
+    """The answer key computes what a check asks: these inputs are none of the visible checks'."""
+    with recorded.computing(answer_key.resolve):
+        yield
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -38,8 +46,17 @@ def test_checks_reference_is_the_course_reference(causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_online_emulation_without_mistakes_is_attention(base2, causal):
     q, k, v = (randn(1, 2, 45, 24, dtype=torch.float64, seed=s) for s in (4, 5, 6))
-    out = checks.online(q, k, v, 16, 32, 0.2, causal, base2=base2)
+    out = answers.online(q, k, v, 16, 32, 0.2, causal, base2=base2)
     assert_close(out, checks.reference(q, k, v, causal, 0.2)[0], quiet=True)
+
+
+def test_batch_offset_mistake_reads_the_view_s_memory():
+    """A [B, N, H, D] tensor viewed as [B, H, N, D], read with batch offset (b * H + h) *
+    stride_h: what answers.py emulates from the strides alone is what the memory holds."""
+    x = randn(2, 3, 5, 4, seed=7).transpose(1, 2).contiguous().transpose(1, 2)
+    read = torch.as_strided(x, x.shape, (3 * x.stride(1),) + x.stride()[1:], x.storage_offset())
+    assert torch.equal(answers._batch_as_heads(x.double(), list(x.stride())), read.double())
+    assert answers._batch_as_heads(x.contiguous().double(), list(x.contiguous().stride())) is None
 
 
 def test_extreme_values_shift_whole_rows_far_from_zero():
@@ -120,12 +137,14 @@ def _fake_kernel(compute):
     return Kernel()
 
 
+@pytest.mark.usefixtures("keyed")
 def test_kernel_check_passes_a_right_stand_in():
     right = _fake_kernel(lambda q, k, v, scale, causal: checks.reference(q, k, v, causal, scale))
     checks.case_kernel_random(right, 1, 2, 30, 40, 24, F32, seed=1,
                               out_layout="bnhd", quiet=True)
 
 
+@pytest.mark.usefixtures("keyed")
 def test_kernel_check_names_an_fp16_accumulator():
     def fp16_acc(q, k, v, scale, causal):
         o, lse = checks.reference(q, k, v, causal, scale)
@@ -137,6 +156,7 @@ def test_kernel_check_names_an_fp16_accumulator():
                                   kind="big_v", quiet=True)
 
 
+@pytest.mark.usefixtures("keyed")
 def test_kernel_check_names_a_missing_tail_mask():
     def tail_counted(q, k, v, scale, causal):
         zeros = torch.zeros(*k.shape[:2], 32 - k.shape[2] % 32, k.shape[3], dtype=k.dtype,
@@ -147,6 +167,7 @@ def test_kernel_check_names_a_missing_tail_mask():
                                   quiet=True)
 
 
+@pytest.mark.usefixtures("keyed")
 def test_kernel_check_names_lse_in_base_2():
     def base2(q, k, v, scale, causal):
         o, lse = checks.reference(q, k, v, causal, scale)
@@ -155,6 +176,7 @@ def test_kernel_check_names_lse_in_base_2():
         checks.case_kernel_random(_fake_kernel(base2), 1, 2, 20, 45, 16, F32, seed=4, quiet=True)
 
 
+@pytest.mark.usefixtures("keyed")
 def test_wrapper_check_refuses_a_grid_over_key_blocks():
     def over_keys(q, k, v, causal=False, sm_scale=None, *, block_q=None, block_k=None):
         B, H, Nq, D = q.shape
@@ -175,6 +197,67 @@ def test_wrapper_uses_one_launch():
     with count_launches(ff.flash_attention_kernel) as launches:
         o, lse = ff.flash_attention(q, k, v, causal=False, block_q=16, block_k=32)
     assert launches[0] == 1 and o.dtype == F16 and lse.dtype == F32
+
+
+# ---------------------------------------------------------------------------------------
+# The recorded classic mistakes, named as their whole outputs would name them
+
+def _visible(cases, default_blocks):
+    """(q, k, v, blocks, scale, causal) of a check's cases, as the check makes them."""
+    for shape, options in cases:
+        B, H, Nq, Nk, D, dtype = shape[:6]
+        q, k, v = checks.attention_inputs(B, H, Nq, Nk, D, dtype, seed=options["seed"],
+                                          kind=options.get("kind", "random"),
+                                          layouts=options.get("layouts", ("contiguous",) * 3))
+        scale = 1.0 / math.sqrt(D) if options.get("sm_scale") is None else options["sm_scale"]
+        yield q, k, v, options.get("blocks", shape[6:] or default_blocks), scale, options.get("causal", False)
+
+
+def assert_named_as_before(compare, out, outputs, texts):
+    """compare(out) fails naming the first mistake (in the check's order) whose whole
+    output out matches, as the checks did when they computed the outputs, or names none;
+    or it passes, where the mistake does not show on these inputs."""
+    atol, rtol = tolerance(out.dtype, out.device)
+    a = out.detach().to("cpu", torch.float64)
+    want = next((text for key, text in texts.items() if key in outputs and torch.allclose(
+        a, outputs[key].detach().to("cpu", torch.float64), atol=atol, rtol=rtol, equal_nan=True)), None)
+    try:
+        compare(out)
+    except CheckFailed as failure:
+        message = str(failure)
+        named = re.search("this matches a classic mistake: (.*)", message)
+        if "differs from the reference" in message or " has NaN at " in message:
+            assert (named and named.group(1)) == want, (want, message)
+            return want
+    return None
+
+
+# The first case of the blocked check (its classic mistakes have names), then the wrapper's
+BLOCKED_CASE = ((2, 2, 40, 40, 40, F32, 16, 16), dict(seed=1))
+
+
+@pytest.mark.parametrize("case", [("blocked", BLOCKED_CASE)] + [("wrapper", c) for c in checks.WRAPPER_CASES])
+def test_recorded_mistakes_are_named_as_their_whole_outputs_would_be(case):
+    """Each classic mistake's output (O, and LSE for the wrapper), compared as a visible
+    case compares, is named from the recorded signatures (no answer computed) as the first
+    mistake whose whole output it matches."""
+    kind, (shape, options) = case
+    (q, k, v, blocks, scale, causal), = _visible([(shape, options)], checks.INTERPRETER_BLOCKS)
+    base2, lse = kind == "wrapper", kind == "wrapper"
+    mistakes = checks._mistakes(q, k, v, blocks, scale, causal, base2=base2, lse=lse)
+    o, right_lse = checks.reference(q, k, v, causal, scale)
+
+    def compare(out, lse_out=right_lse.float() if lse else None):
+        checks._check_result(out, lse_out, q, k, v, name="o", causal=causal, scale=scale,
+                             kind=options.get("kind", "random"), mistakes=mistakes, quiet=True)
+    outputs = answers.loop_outputs(q, k, v, *blocks, scale, causal, base2, [list(t.stride()) for t in (q, k, v)])
+    texts = checks._loop_mistakes(q, k, v, base2)
+    named = [assert_named_as_before(compare, wrong.to(q.dtype), outputs, texts) for wrong in outputs.values()]
+    if lse:
+        lse_outputs = answers.lse_outputs(q, k, scale, causal)
+        named += [assert_named_as_before(lambda out: compare(o.to(q.dtype), out), wrong.float(), lse_outputs,
+                                         checks._LSE_MISTAKES) for wrong in lse_outputs.values()]
+    assert any(named)
 
 
 # ---------------------------------------------------------------------------------------

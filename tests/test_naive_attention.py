@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course import DEVICE, INTERPRET
+from course import DEVICE, INTERPRET, recorded
 from course.checks import naive_attention as checks
 from course.testing import CheckFailed, assert_close, count_launches
 from grader import answer_key, paths
@@ -21,6 +21,7 @@ from solutions import naive_attention as key
 from solutions.softmax import softmax_kernel
 from solutions.tiling import batched_gemm_strided_kernel
 
+answers = paths.lesson_file("04_naive_attention", "answers")
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
 # (B, H, Hkv, Nq, Nk, D, causal, sm_scale, layout, kind)
 CASES = [
@@ -181,20 +182,47 @@ def test_naive_attention_peak_memory_on_gpu():
 
 
 def test_attention_check_names_classic_mistakes():
+    """On inputs of no visible check: the answer key computes the mistakes' outputs."""
     def no_scale(q, k, v, causal=False, sm_scale=None):
         return key.attention_reference(q, k, v, causal, sm_scale=1.0)
 
     def bottom_right(q, k, v, causal=False, sm_scale=None):
-        return checks.attention64(q, k, v, causal, key.default_scale(sm_scale, q.shape[-1]),
-                                  mask="bottom-right").to(q.dtype)
-    with pytest.raises(CheckFailed, match="not multiplied by the scale"):
-        checks.case_attention(no_scale, 1, 2, 2, 20, 20, 16, torch.float32, seed=1, quiet=True)
-    with pytest.raises(CheckFailed, match="bottom-right"):
-        checks.case_attention(bottom_right, 1, 2, 2, 13, 29, 16, torch.float32, seed=1, causal=True,
-                              quiet=True)
-    with pytest.raises(CheckFailed, match="scaled_dot_product_attention"):
-        checks.case_attention(lambda q, k, v, causal=False: F.scaled_dot_product_attention(
-            q, k, v, is_causal=causal), 1, 2, 2, 20, 20, 16, torch.float32, seed=1, quiet=True)
+        return answers.attention64(q, k, v, causal, key.default_scale(sm_scale, q.shape[-1]),
+                                   mask="bottom-right").to(q.dtype)
+    with recorded.computing(answer_key.resolve):
+        with pytest.raises(CheckFailed, match="not multiplied by the scale"):
+            checks.case_attention(no_scale, 1, 2, 2, 20, 20, 16, torch.float32, seed=1, quiet=True)
+        with pytest.raises(CheckFailed, match="bottom-right"):
+            checks.case_attention(bottom_right, 1, 2, 2, 13, 29, 16, torch.float32, seed=1, causal=True,
+                                  quiet=True)
+        with pytest.raises(CheckFailed, match="scaled_dot_product_attention"):
+            checks.case_attention(lambda q, k, v, causal=False: F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal), 1, 2, 2, 20, 20, 16, torch.float32, seed=1, quiet=True)
+
+
+def _making(mistake):
+    """An attention_reference that makes one classic mistake: answers.attention64 with the
+    switch the mistake's name says."""
+    def fn(q, k, v, causal=False, sm_scale=None):
+        D = q.shape[-1]
+        scale = key.default_scale(sm_scale, D)
+        switches = {"no_scale": dict(scale=1.0), "scale_twice": dict(scale=scale * scale),
+                    "softmax_over_queries": dict(softmax_dim=-2), "divided_by_d": dict(scale=1 / D),
+                    "sm_scale_ignored": dict(scale=1 / math.sqrt(D)), "k_not_transposed": dict(transpose_k=False),
+                    "mask_missing": dict(mask=None), "diagonal_hidden": dict(mask="diagonal"),
+                    "bottom_right": dict(mask="bottom-right"), "heads_modulo": dict(kv_heads="modulo")}
+        return answers.attention64(q, k, v, causal, **{"scale": scale, **switches[mistake]}).to(q.dtype)
+    return fn
+
+
+@pytest.mark.parametrize("mistake", list(checks._MISTAKES))
+def test_attention_check_names_each_recorded_mistake(mistake):
+    """The visible check reads each classic mistake's recorded output and names it (its
+    first cases are those where each mistake shows). Dividing by D is applying
+    1/sqrt(D) twice: the check names the first of the two."""
+    says = checks._MISTAKES["scale_twice" if mistake == "divided_by_d" else mistake]
+    with pytest.raises(CheckFailed, match=re.escape(says)):
+        checks.check_attention_reference(_making(mistake))
 
 
 CHECKED = {  # exercise -> the reference functions its check and hidden test take

@@ -15,9 +15,16 @@ pytestmark = pytest.mark.xdist_group("build")  # reads lessons, like tests/test_
 
 
 def _close(a, b):
-    """Equal, numbers to float64's last digits (a recording on another CPU may differ there)."""
+    """Equal, numbers to 1e-6 (float64 sums differ with the CPU and the thread count), and a
+    mistake's signature by the values of the entries both recordings picked (near-ties among
+    its largest differences may pick others)."""
+    if isinstance(a, dict) and {"shape", "at", "values"} <= a.keys() and isinstance(b, dict):
+        values = [dict(zip(s["at"], s["values"])) for s in (a, b)]
+        common = values[0].keys() & values[1].keys()
+        return (a["shape"] == b["shape"] and 2 * len(common) >= len(values[0])
+                and all(_close(values[0][i], values[1][i]) for i in common))
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b))
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
@@ -70,7 +77,7 @@ def test_every_recorded_table_belongs_to_a_lesson_with_answers():
 
 def test_answers_come_from_the_table_and_are_computed_only_with_the_answer_key():
     assert recorded.answer("tiling", "dram_reads", 100, 70, 64, 32) == 37120
-    with pytest.raises(LookupError, match=r"no recorded answer for dram_reads\(3, 5, 7, 2\)"):
+    with pytest.raises(LookupError, match=r"no recorded answer for dram_reads\[3, 5, 7, 2\]"):
         recorded.answer("tiling", "dram_reads", 3, 5, 7, 2)
     with recorded.computing(answer_key.resolve):
         assert recorded.answer("tiling", "dram_reads", 3, 5, 7, 2) == 3 * 7 * 3 + 7 * 5 * 2  # m k ceil(n/2) + k n ceil(m/2)

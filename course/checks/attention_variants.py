@@ -5,8 +5,10 @@ Nk, K/V shorter than one block), at other sizes and seeds.
 
 The causal mask of this module is bottom-right aligned: query i sees keys
 j <= i + (Nk - Nq); a query that sees no key has O = 0 and LSE = -inf. K/V head
-h // (H // Hkv) serves query head h. Inputs, output layouts, guards and the classic
-mistakes of the FlashAttention loop come from module 05's checks.
+h // (H // Hkv) serves query head h. Inputs, output layouts, guards and the descriptions
+of the FlashAttention loop's classic mistakes come from module 05's checks. The key block
+ranges, the blocks a kernel runs and the outputs of the classic mistakes are the answer
+key's (course/recorded.py): recorded for these checks' inputs.
 """
 import functools
 import math
@@ -170,7 +172,7 @@ def _gapped(x):
 
 
 # ---------------------------------------------------------------------------------------
-# The reference, and classic mistakes computed the same way (float64)
+# The reference (float64), and the classic mistakes' outputs (recorded)
 
 def _f64(t):
     return t.detach().to(DEVICE, torch.float64)
@@ -206,105 +208,70 @@ def reference(q, k, v, causal=False, scale=None):
     return masked_attention(q, k, v, scale, bottom_right(q.shape[2], k.shape[2]) if causal else None)
 
 
-def _seen_by_blocks(n_q, n_k, block_q, ranges, block_k, mask_causal=True):
-    """[n_q, n_k] bool: what each row sees when query block i walks keys [0, full) unmasked
-    and whole blocks from full to masked with masks (the causal one only if mask_causal),
-    ranges[i] = (full, masked)."""
-    allowed = bottom_right(n_q, n_k)
-    seen = torch.zeros(n_q, n_k, dtype=torch.bool, device=DEVICE)
-    for i, (full, masked) in enumerate(ranges):
-        rows = slice(i * block_q, (i + 1) * block_q)
-        stop = min(n_k, full + triton.cdiv(max(masked - full, 0), block_k) * block_k)
-        seen[rows, :full] = True
-        seen[rows, full:stop] = allowed[rows, full:stop] if mask_causal else True
-    return seen
-
-
 _GQA = ("the GROUP = H // Hkv consecutive query heads j·GROUP ... j·GROUP + GROUP - 1 share K/V "
         "head j: query head h reads K/V head h // GROUP")
 
 
-def variant_mistakes(q, k, v, blocks, scale, causal):
-    """{description: function giving that mistake's O} for this module's kernel."""
-    B, H, Nq, D = q.shape
+def _variant_mistakes(q, k, v):
+    """{key: description} of this module's kernel's classic mistakes, then module 05's
+    (those of the loop), in the order they are looked for: answers.py's variant_mistakes
+    gives the output of each that applies, by key."""
+    H, Nq = q.shape[1:3]
     Hkv, Nk = k.shape[1], k.shape[2]
-    block_q, block_k = blocks
-    shift = Nk - Nq
-
-    def seeing(visible=None, heads=None, qkv=(q, k, v)):
-        return lambda: masked_attention(*qkv, scale, visible, heads)[0]
-
-    found = ff._Lazy()
-    right_mask = bottom_right(Nq, Nk) if causal else None
-    if H != Hkv:
-        found[f"query head h read K/V head h % Hkv: {_GQA}"] = \
-            seeing(right_mask, [h % Hkv for h in range(H)])
-    if H // Hkv != Hkv and all(h // Hkv < Hkv for h in range(H)):
-        found[f"query head h read K/V head h // Hkv: GROUP is H // Hkv = {H // Hkv} query "
-              f"head(s) per K/V head, not Hkv = {Hkv}"] = seeing(right_mask, [h // Hkv for h in range(H)])
-    ranges = answer("attention_variants", "kv_block_ranges", Nq, Nk, block_q, block_k, causal)
-    if causal:
-        if Nq != Nk:
-            found["the causal mask is aligned top-left (row i sees keys j <= i): this module's "
-                  f"is bottom-right, row i sees keys j <= i + Nk - Nq, here {_sees(shift)}"] = \
-                seeing(bottom_right(Nq, Nk, 0))
-        found["the causal mask was not applied: row i sees keys j <= i + Nk - Nq only"] = seeing()
-        found["the causal mask also hid the diagonal: row i sees key i + Nk - Nq too"] = \
-            seeing(bottom_right(Nq, Nk, shift - 1))
-        found["the diagonal block(s) ran without the causal mask: keys the row must not see "
-              "counted. In the masked phase, hide keys j > row + (N_K - N_Q) as well as keys "
-              "j >= N_K"] = seeing(_seen_by_blocks(Nq, Nk, block_q, ranges, block_k, False))
-        found["the loop stopped one key block early: the last block a query block needs (the "
-              "one its last row's keys end in) was skipped. Its last row sees "
-              "q0 + BLOCK_Q + N_K - N_Q keys"] = \
-            seeing(_seen_by_blocks(Nq, Nk, block_q, [(f, m - block_k) for f, m in ranges], block_k))
-        found["the diagonal block(s) ran in the unmasked phase: whole blocks are those the "
-              "block's FIRST row sees (full_end from q0 + N_K - N_Q + 1 keys, rounded down)"] = \
-            seeing(_seen_by_blocks(Nq, Nk, block_q, [((m // block_k) * block_k, m) for _, m in ranges],
-                                   block_k))
-        if Nq > Nk:
-            def empty_rows_nan():
-                out = reference(q, k, v, causal, scale)[0].clone()
-                out[:, :, :Nq - Nk] = float("nan")
-                return out
-            found[f"the first Nq - Nk = {Nq - Nk} rows see no key, and came out NaN (0 / 0): "
-                  "their O must be 0 (divide by 1 where l = 0) and their LSE -inf"] = empty_rows_nan
-    else:
-        found["a causal mask was applied, but this call is not causal"] = seeing(bottom_right(Nq, Nk))
-    for which, x, count in (("q", q, H), ("k", k, Hkv), ("v", v, Hkv)):
-        if B == count and B > 1:
-            swapped = {"q": q, "k": k, "v": v, which: x.transpose(0, 1)}
-            found[f"{which}'s batch and head strides were swapped: batch b, head h lives at "
-                  f"b * stride_{which}b + h * stride_{which}h"] = \
-                seeing(right_mask, qkv=(swapped["q"], swapped["k"], swapped["v"]))
-    if B == H and B > 1:
-        found["O's batch and head strides were swapped: store O[b, h] at b * stride_ob + "
-              "h * stride_oh"] = lambda: reference(q, k, v, causal, scale)[0].transpose(0, 1)
-    if not causal or Nq == Nk:  # module 05's mistakes, on K/V given every query head
-        heads = kv_heads(H, Hkv)
-        found.update(ff.kernel_mistakes(q, _f64(k)[:, heads], _f64(v)[:, heads], block_q, block_k,
-                                        scale, causal))
-    return found
+    text = {
+        "heads_modulo": f"query head h read K/V head h % Hkv: {_GQA}",
+        "group_is_hkv": f"query head h read K/V head h // Hkv: GROUP is H // Hkv = {H // Hkv} query "
+                        f"head(s) per K/V head, not Hkv = {Hkv}",
+        "top_left": "the causal mask is aligned top-left (row i sees keys j <= i): this module's "
+                    f"is bottom-right, row i sees keys j <= i + Nk - Nq, here {_sees(Nk - Nq)}",
+        "causal_mask_missing": "the causal mask was not applied: row i sees keys j <= i + Nk - Nq only",
+        "causal_diagonal_hidden": "the causal mask also hid the diagonal: row i sees key i + Nk - Nq too",
+        "diagonal_block_unmasked": "the diagonal block(s) ran without the causal mask: keys the row "
+                                   "must not see counted. In the masked phase, hide keys j > row + "
+                                   "(N_K - N_Q) as well as keys j >= N_K",
+        "stopped_one_block_early": "the loop stopped one key block early: the last block a query "
+                                   "block needs (the one its last row's keys end in) was skipped. Its "
+                                   "last row sees q0 + BLOCK_Q + N_K - N_Q keys",
+        "diagonal_block_in_unmasked_phase": "the diagonal block(s) ran in the unmasked phase: whole "
+                                            "blocks are those the block's FIRST row sees (full_end "
+                                            "from q0 + N_K - N_Q + 1 keys, rounded down)",
+        "empty_rows_nan": f"the first Nq - Nk = {Nq - Nk} rows see no key, and came out NaN (0 / 0): "
+                          "their O must be 0 (divide by 1 where l = 0) and their LSE -inf",
+        # Here module 05's output of the mistake (its top-left mask) stands for it.
+        "mask_applied": "a causal mask was applied, but this call is not causal",
+    }
+    for which in "qkv":
+        text[f"{which}_batch_head_swapped"] = (
+            f"{which}'s batch and head strides were swapped: batch b, head h lives at "
+            f"b * stride_{which}b + h * stride_{which}h")
+    text["o_batch_head_swapped"] = ("O's batch and head strides were swapped: store O[b, h] at "
+                                    "b * stride_ob + h * stride_oh")
+    return text | ff._loop_mistakes(q, k, v, True)
 
 
-def _lse_mistakes(q, k, scale, causal):
-    Nq, Nk = q.shape[2], k.shape[2]
-    found = ff._Lazy()
-    if causal and Nq > Nk:
-        def empty_rows(value):
-            def wrong():
-                lse = reference(q, k, k, causal, scale)[1].clone()
-                lse[:, :, :Nq - Nk] = value
-                return lse
-            return wrong
-        found["the rows that see no key must get LSE = -inf (the log of an empty sum, what "
-              "torch.logsumexp gives), not +inf"] = empty_rows(float("inf"))
-        found["the rows that see no key must get LSE = -inf (the log of an empty sum), not 0"] = \
-            empty_rows(0.0)
-    if not causal or Nq == Nk:
-        heads = kv_heads(q.shape[1], k.shape[1])
-        found.update(ff.lse_mistakes(q, _f64(k)[:, heads], scale, causal))
-    return found
+_LSE_MISTAKES = {  # answers.py's lse_mistakes gives the LSE of each, by key
+    "empty_rows_inf": "the rows that see no key must get LSE = -inf (the log of an empty sum, what "
+                      "torch.logsumexp gives), not +inf",
+    "empty_rows_zero": "the rows that see no key must get LSE = -inf (the log of an empty sum), not 0",
+    **ff._LSE_MISTAKES}
+
+
+def mistake_questions(q, k, v, blocks, scale, causal):
+    """[(name, arguments)] of the answers a comparison asks for: the outputs of the
+    kernel's classic mistakes (a batch offset's mistake depends on q's strides; K and V's
+    matter to none, and those of "padded" differ on a GPU) and those of LSE."""
+    return [("variant_mistakes", (q, k, v, *blocks, scale, causal, list(q.stride()))),
+            ("lse_mistakes", (q, k, scale, causal))]
+
+
+def _mistakes(q, k, v, blocks, scale, causal):
+    """({description: recorded O}, {description: recorded LSE}) of the classic mistakes
+    these inputs can show. Asked before the launch, while q, k and v hold the values the
+    answers are recorded for."""
+    o, lse = (answer("attention_variants", name, *args)
+              for name, args in mistake_questions(q, k, v, blocks, scale, causal))
+    return ({text: o[key] for key, text in _variant_mistakes(q, k, v).items() if key in o},
+            {text: lse[key] for key, text in _LSE_MISTAKES.items() if key in lse})
 
 
 # ---------------------------------------------------------------------------------------
@@ -334,9 +301,11 @@ def _hint(q, k, v, causal, scale, kind, blocks):
         ff._views_hint({"q": q, "k": k, "v": v}))
 
 
-def _check_result(out, lse, q, k, v, *, name, causal, scale, blocks, kind, hint, quiet):
-    """Compare O (and LSE, unless None) with the float64 reference, naming mistakes."""
+def _check_result(out, lse, q, k, v, *, name, causal, scale, kind, mistakes, hint, quiet):
+    """Compare O (and LSE, unless None) with the float64 reference, naming the classic
+    mistakes (_mistakes: those of O, those of LSE)."""
     expected, expected_lse = reference(q, k, v, causal, scale)
+    mistakes, lse_mistakes = mistakes
     if not isinstance(out, torch.Tensor):
         fail(f"{name} should give O as a torch.Tensor, got {type(out).__name__}")
     Nq, Nk = q.shape[2], k.shape[2]
@@ -350,7 +319,7 @@ def _check_result(out, lse, q, k, v, *, name, causal, scale, blocks, kind, hint,
              "(cols < N_K), and let the unmasked phase cover whole blocks only, "
              "(N_K // BLOCK_K) * BLOCK_K keys" + (f"\n  hint: {hint}" if hint else ""))
     assert_close(out, expected, name=name, dim_names=BHND, hint=hint, quiet=quiet,
-                 mistakes=variant_mistakes(q, k, v, blocks, scale, causal))
+                 mistakes=mistakes)
     assert_not_trivial(out, name=name)
     if out.dtype != q.dtype:
         fail(f"{name}: O is {dtype_name(out.dtype)} but the inputs are {dtype_name(q.dtype)}: "
@@ -358,7 +327,7 @@ def _check_result(out, lse, q, k, v, *, name, causal, scale, blocks, kind, hint,
     if lse is not None:
         atol, rtol = ff.LSE_TOLERANCE
         assert_close(lse, expected_lse, name=f"LSE of {name}", dim_names=BHN, atol=atol, rtol=rtol,
-                     mistakes=_lse_mistakes(q, k, scale, causal), quiet=True,
+                     mistakes=lse_mistakes, quiet=True,
                      hint="LSE[row] = log(sum over the keys the row sees of exp(S * sm_scale)): "
                           "(m + log2 l) * ln 2, and -inf for a row that sees no key")
 
@@ -420,6 +389,7 @@ def case_kernel(kernel, q, k, v, *, causal=False, sm_scale=None, blocks=(32, 32)
     hint = ff._hints(_hint(q, k, v, causal, scale, kind, blocks),
                      out_layout != "contiguous" and f"O is a {out_layout} view here: store "
                      "through O's own strides.")
+    mistakes = _mistakes(q, k, v, blocks, scale, causal)
     with hinted(hint), \
             output_in_layout((B, H, Nq, D), q.dtype, out_layout, name=f"O of {name}") as out, \
             ff.guarded_output((B, H, Nq), torch.float32, DEVICE, name=f"LSE of {name}",
@@ -434,8 +404,8 @@ def case_kernel(kernel, q, k, v, *, causal=False, sm_scale=None, blocks=(32, 32)
                 CAUSAL=causal, COUNT_STEPS=True, DOT_PRECISION="ieee" if q.dtype == F32 else "tf32")
         except Exception as error:  # noqa: BLE001 (an out-of-bounds access gets its hints)
             _launch_failed(error, name, None)
-    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale, blocks=blocks,
-                  kind=kind, hint=hint, quiet=quiet)
+    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale, kind=kind,
+                  mistakes=mistakes, hint=hint, quiet=quiet)
     _check_steps(steps, Nq, Nk, blocks, causal, name)
 
 
@@ -502,6 +472,8 @@ def case_wrapper(fn, kernel, q, k, v, *, causal=False, sm_scale=None, blocks=Non
         {"block_q": blocks[0], "block_k": blocks[1]} if blocks else {})
     used = blocks or (ff.INTERPRETER_BLOCKS if INTERPRET else (64, 64))
     hint = _hint(q, k, v, causal, scale, kind, used)
+    mistakes = _mistakes(q, k, v, blocks or (ff.INTERPRETER_BLOCKS if INTERPRET else GPU_BLOCKS),
+                         scale, causal)
     try:
         result, report = watched_call(fn, q, k, v, kernel=kernel, forbid=ff.FORBID,
                                       before_launch=ff._launch_check(name, B, H, Nq, D, blocks),
@@ -518,9 +490,8 @@ def case_wrapper(fn, kernel, q, k, v, *, causal=False, sm_scale=None, blocks=Non
         fail(f"{name}: lse should be a float32 [B, H, Nq] = {[B, H, Nq]} tensor, got "
              + (f"{dtype_name(lse.dtype)} {list(lse.shape)}" if isinstance(lse, torch.Tensor)
                 else type(lse).__name__))
-    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale,
-                  blocks=blocks or (ff.INTERPRETER_BLOCKS if INTERPRET else GPU_BLOCKS), kind=kind,
-                  hint=ff._hints(hint, sm_scale is not None and f"sm_scale={sm_scale} is given "
+    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale, kind=kind,
+                  mistakes=mistakes, hint=ff._hints(hint, sm_scale is not None and f"sm_scale={sm_scale} is given "
                                  "here: use it instead of 1/sqrt(D)."), quiet=quiet)
 
 

@@ -2,9 +2,9 @@
 functions with inputs the learner never sees: the same kinds of input (dtypes, memory
 layouts, value ranges, causal or not, ragged lengths), at other sizes and seeds.
 
-Every output is compared with attention computed in float64 from the same inputs. When it
-differs, the classic mistakes of this module are computed too (only then: see _Lazy), so
-that the message can name the one the output matches.
+Every output is compared with attention computed in float64 from the same inputs. The
+outputs of this module's classic mistakes, by which a failure names the one the output
+matches, are the answer key's (course/recorded.py): recorded for these checks' inputs.
 """
 import contextlib
 import math
@@ -12,9 +12,9 @@ import math
 import torch
 import triton
 
-from course import DEVICE, INTERPRET
+from course import DEVICE, INTERPRET, pick
 from course.gpu_compile import compile_for_gpu
-from course.recorded import answer
+from course.recorded import answer, matches
 from course.testing import (assert_close, assert_not_trivial, check_choice,  # noqa: F401
                             check_rejects, dtype_name, explain_nan_from_guards, fail,
                             guarded_input, guarded_output, randn, tolerance, watched_call, hinted)
@@ -36,6 +36,7 @@ LSE_TOLERANCE = (2e-3, 1e-4)  # fp32 statistics whatever the inputs' dtype
 # access, so margins turn it into NaN or a changed sentinel.
 MARGIN = 0 if INTERPRET else 4096
 INTERPRETER_BLOCKS = (32, 32)  # the wrapper's default BLOCK_Q, BLOCK_K in the interpreter
+GPU_BLOCKS = (64, 64)  # the blocks the classic mistakes are recorded for on a GPU
 # Kinds of values (attention_values): the raw score shift of "extreme" rows, per dtype. In
 # fp16, 256 * 256 = 65,536 passes fp16's largest value (65,504); in fp32 the shift is kept
 # small enough for fp32 scores to stay accurate to 1e-4.
@@ -154,7 +155,7 @@ def _name(fn_name, q, k, v, *, causal, kind, extra=""):
 
 
 # ---------------------------------------------------------------------------------------
-# The reference, and the classic mistakes computed the same way (float64)
+# The reference (float64), and the classic mistakes' outputs (recorded)
 
 def _f64(t):
     return t.detach().to(DEVICE, torch.float64)
@@ -181,43 +182,10 @@ def reference(q, k, v, causal=False, scale=None):
     return _attend(s, v)
 
 
-def online(q, k, v, block_q, block_k, scale, causal, *, base2=True, p_exp=None, alpha_exp=None,
-           rescale_acc=True, rescale_l=True, alpha_one=False, update_m=True, divide=True,
-           m_start=float("-inf"), dtype=torch.float64):
-    """FlashAttention's loop in float64, with switches for the classic mistakes. Scores are
-    in base 2 (times log2 e, with exp2) when base2, else natural (with exp); p_exp and
-    alpha_exp override the exponential of p and of alpha ("exp" or "exp2"); dtype is the
-    precision of the statistics (float32 shows what underflows in a kernel)."""
-    q, k, v = (_f64(t).to(dtype) for t in (q, k, v))
-    Nq, Nk = q.shape[2], k.shape[2]
-    exps = {"exp": torch.exp, "exp2": torch.exp2}
-    default = "exp2" if base2 else "exp"
-    exp_p, exp_alpha = exps[p_exp or default], exps[alpha_exp or default]
-    s_all = q @ k.transpose(-1, -2) * (scale * (LOG2E if base2 else 1.0))
-    if causal:
-        s_all = s_all.masked_fill(_future(Nq, Nk, s_all.device), float("-inf"))
-    out = torch.empty_like(q)
-    for qs in range(0, Nq, block_q):
-        rows = s_all[:, :, qs:qs + block_q]
-        m = torch.full(rows.shape[:3], m_start, dtype=dtype, device=q.device)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(*rows.shape[:3], q.shape[-1], dtype=dtype, device=q.device)
-        for ks in range(0, min(Nk, qs + block_q) if causal else Nk, block_k):
-            s = rows[..., ks:ks + block_k]
-            m_new = torch.maximum(m, s.amax(-1))
-            alpha = torch.ones_like(m) if alpha_one else exp_alpha(m - m_new)
-            p = exp_p(s - m_new[..., None])
-            l = (l * alpha if rescale_l else l) + p.sum(-1)
-            acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v[:, :, ks:ks + block_k]
-            if update_m:
-                m = m_new
-        out[:, :, qs:qs + block_q] = acc / l[..., None] if divide else acc
-    return out
-
-
 class _Lazy(dict):
     """{description: function giving a wrong output}: computed only when a comparison has
-    failed and assert_close looks for the classic mistake the output matches."""
+    failed and assert_close looks for the classic mistake the output matches (module 09's
+    checks build their mistakes this way)."""
 
     def items(self):
         for description, compute in super().items():
@@ -229,123 +197,92 @@ class _Lazy(dict):
                 yield description, wrong
 
 
-def _batch_as_heads(x):
-    """x read with batch offset (b * H + h) * stride_h: right only when the batch stride is
-    H * stride_h, as in a contiguous [B, H, N, D] tensor."""
-    B, H = x.shape[:2]
-    if B == 1 or x.stride(0) == H * x.stride(1):
-        return None
-    seen = torch.as_strided(x, x.shape, (H * x.stride(1),) + x.stride()[1:], x.storage_offset())
-    return seen
-
-
 _EXP2 = ("the scores are in base 2 (qk_scale = sm_scale * log2 e), so every exponential of "
          "the loop, p and alpha, must be exp2")
 
 
-def kernel_mistakes(q, k, v, block_q, block_k, scale, causal, *, base2=True):
-    """{description: function giving that mistake's O} for the loop of this module (base2:
-    the kernel, in base 2 with exp2; else flash_attention_blocked, natural with exp)."""
-    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
-    ref = lambda sc=scale, c=causal: reference(q, k, v, c, sc)[0]  # noqa: E731
-
-    def variant(**switches):
-        return lambda: online(q, k, v, block_q, block_k, scale, causal, base2=base2, **switches)
-
-    found = _Lazy()
-    if Nk == D:
-        def not_transposed():
-            s = _f64(q) @ _f64(k) * scale  # K's [Nk, D] matrix used as if it were K^T [D, Nk]
-            if causal:
-                s = s.masked_fill(_future(Nq, Nk, s.device), float("-inf"))
-            return _attend(s, _f64(v))[0]
-        found["K was not transposed: S = Q K instead of Q Kᵀ. Read each K tile transposed, "
-              "[BLOCK_D, BLOCK_K]: head-dim lanes down (stride_kd), keys across (stride_kn)"
-              ] = not_transposed
+def _loop_mistakes(q, k, v, base2):
+    """{key: description} of the classic mistakes of this module's loop (base2: the kernel,
+    in base 2 with exp2; else flash_attention_blocked, natural with exp), in the order they
+    are looked for: answers.py's kernel_mistakes gives the output of each that applies."""
     exp = "exp2" if base2 else "exp"
-    found["the accumulator was not rescaled: when the running max grows, multiply acc by "
-          f"alpha = {exp}(m_old - m_new) before adding p @ v (as l is)"] = variant(rescale_acc=False)
-    found["the running sum l was not rescaled by alpha before adding the new block's sum"
-          ] = variant(rescale_l=False)
-    found[f"alpha came out as 1: it was computed after m was replaced ({exp}(m - m) = 1); "
-          "compute alpha from the old max, before m becomes m_new"] = variant(alpha_one=True)
-    found["the running max was never updated (m stays -inf, so alpha = 0 and only the last "
-          "key block counts): set m_i = m_new at the end of every iteration"] = variant(update_m=False)
-    found["the final division is missing: O = acc / l, one division per row after the loop"
-          ] = variant(divide=False)
-    found[f"the running max started at 0 instead of -inf: rows whose scores all lie far below "
-          f"zero then have {exp}(s - 0) = 0 everywhere, and 0 / 0"] = \
-        variant(m_start=0.0, dtype=torch.float32)
-    if Nk % block_k:
-        def tail_counted():
-            pad = triton.cdiv(Nk, block_k) * block_k - Nk
-            zeros = torch.zeros(*k.shape[:2], pad, D, dtype=torch.float64, device=DEVICE)
-            k_pad, v_pad = torch.cat([_f64(k), zeros], 2), torch.cat([_f64(v), zeros], 2)
-            return reference(q, k_pad, v_pad, causal, scale)[0]
-        found[f"the keys past Nk = {Nk} in the last block were counted (with score 0 and value "
-              "0): the K loads are masked, but the tail's scores must also be set to -inf "
-              "(tl.where(key < N_K, s, -inf))"] = tail_counted
-    if base2:
-        found["p = exp(...) but alpha = exp2(...): " + _EXP2] = variant(p_exp="exp")
-        found["alpha = exp(...) but p = exp2(...): " + _EXP2] = variant(alpha_exp="exp")
-        found["exp instead of exp2: " + _EXP2] = lambda: ref(scale * LOG2E)
-        found["the scores were scaled by sm_scale only: exp2 needs them times log2 e too "
-              "(qk_scale = sm_scale * log2 e)"] = lambda: ref(scale * LN2)
-        found["the scale was not applied: multiply Q Kᵀ by qk_scale once"] = lambda: ref(LN2)
-        found["the scale was applied twice: multiply Q Kᵀ by qk_scale once"] = \
-            lambda: ref(scale * scale * LOG2E)
-    found["the scale was not applied: multiply Q Kᵀ by the scale once"] = lambda: ref(1.0)
-    found["the scale was applied twice"] = lambda: ref(scale * scale)
-    if causal:
-        found["the causal mask was not applied: query i may only see keys j <= i"] = \
-            lambda: ref(scale, False)
-
-        def diagonal():
-            s = _f64(q) @ _f64(k).transpose(-1, -2) * scale
-            s = s.masked_fill(_future(Nq, Nk, s.device, diagonal=0), float("-inf"))
-            return _attend(s, _f64(v))[0]
-        found["the causal mask also hid the diagonal: query i sees keys j <= i, itself "
-              "included (j < i leaves query 0 with no key, and 0 / 0)"] = diagonal
-    else:
-        found["a causal mask was applied, but this call is not causal"] = lambda: ref(scale, True)
+    text = {
+        "k_not_transposed": "K was not transposed: S = Q K instead of Q Kᵀ. Read each K tile "
+                            "transposed, [BLOCK_D, BLOCK_K]: head-dim lanes down (stride_kd), keys "
+                            "across (stride_kn)",
+        "acc_not_rescaled": "the accumulator was not rescaled: when the running max grows, "
+                            f"multiply acc by alpha = {exp}(m_old - m_new) before adding p @ v (as "
+                            "l is)",
+        "l_not_rescaled": "the running sum l was not rescaled by alpha before adding the new "
+                          "block's sum",
+        "alpha_one": f"alpha came out as 1: it was computed after m was replaced ({exp}(m - m) = "
+                     "1); compute alpha from the old max, before m becomes m_new",
+        "max_not_updated": "the running max was never updated (m stays -inf, so alpha = 0 and "
+                           "only the last key block counts): set m_i = m_new at the end of every "
+                           "iteration",
+        "no_division": "the final division is missing: O = acc / l, one division per row after "
+                       "the loop",
+        "max_from_zero": "the running max started at 0 instead of -inf: rows whose scores all "
+                         f"lie far below zero then have {exp}(s - 0) = 0 everywhere, and 0 / 0",
+        "tail_counted": f"the keys past Nk = {k.shape[2]} in the last block were counted (with "
+                        "score 0 and value 0): the K loads are masked, but the tail's scores "
+                        "must also be set to -inf (tl.where(key < N_K, s, -inf))",
+        "p_exp": "p = exp(...) but alpha = exp2(...): " + _EXP2,
+        "alpha_exp": "alpha = exp(...) but p = exp2(...): " + _EXP2,
+        "exp_not_exp2": "exp instead of exp2: " + _EXP2,
+        "sm_scale_only": "the scores were scaled by sm_scale only: exp2 needs them times log2 e "
+                         "too (qk_scale = sm_scale * log2 e)",
+        "qk_scale_missing": "the scale was not applied: multiply Q Kᵀ by qk_scale once",
+        "qk_scale_twice": "the scale was applied twice: multiply Q Kᵀ by qk_scale once",
+        "scale_missing": "the scale was not applied: multiply Q Kᵀ by the scale once",
+        "scale_twice": "the scale was applied twice",
+        "mask_missing": "the causal mask was not applied: query i may only see keys j <= i",
+        "diagonal_hidden": "the causal mask also hid the diagonal: query i sees keys j <= i, "
+                           "itself included (j < i leaves query 0 with no key, and 0 / 0)",
+        "mask_applied": "a causal mask was applied, but this call is not causal",
+    }
     for which, x in (("q", q), ("k", k), ("v", v)):
-        seen = _batch_as_heads(x)
-        if seen is not None:
-            args = {"q": q, "k": k, "v": v, which: seen}
-            found[f"{which}'s batch offset was taken as (b * H + h) * stride_{which}h, which holds "
-                  f"only for a contiguous [B, H, N, D] tensor; here {which} has strides "
-                  f"{tuple(x.stride())}: use b * stride_{which}b + h * stride_{which}h"] = \
-                (lambda a=args: reference(a["q"], a["k"], a["v"], causal, scale)[0])
-    return found
+        text[f"{which}_batch_as_heads"] = (
+            f"{which}'s batch offset was taken as (b * H + h) * stride_{which}h, which holds only "
+            f"for a contiguous [B, H, N, D] tensor; here {which} has strides {tuple(x.stride())}: "
+            f"use b * stride_{which}b + h * stride_{which}h")
+    return text
 
 
-def lse_mistakes(q, k, scale, causal):
-    def parts():
-        s = _f64(q) @ _f64(k).transpose(-1, -2) * (scale * LOG2E)  # base 2, as in the kernel
-        if causal:
-            s = s.masked_fill(_future(s.shape[-2], s.shape[-1], s.device), float("-inf"))
-        m = s.amax(-1)
-        return m, torch.exp2(s - m[..., None]).sum(-1)
-    found = _Lazy()
-    found["LSE is in base 2 (m + log2 l): the backward wants the natural log, "
-          "(m + log2 l) * ln 2"] = lambda: (lambda m, l: m + torch.log2(l))(*parts())
-    found["LSE mixes bases: m is in base 2, so LSE = (m + log2 l) * ln 2, not m + ln l"] = \
-        lambda: (lambda m, l: m + torch.log(l))(*parts())
-    found["LSE holds the running max only: add log2 l before converting to the natural log"] = \
-        lambda: parts()[0] * LN2
-    found["LSE is -inf: the running max was never updated (m stays -inf): set m_i = m_new at "
-          "the end of every iteration"] = lambda: torch.full_like(parts()[0], float("-inf"))
-    return found
+_LSE_MISTAKES = {  # answers.py's lse_mistakes gives the LSE of each, by key
+    "base_2": "LSE is in base 2 (m + log2 l): the backward wants the natural log, "
+              "(m + log2 l) * ln 2",
+    "mixed_bases": "LSE mixes bases: m is in base 2, so LSE = (m + log2 l) * ln 2, not m + ln l",
+    "max_only": "LSE holds the running max only: add log2 l before converting to the natural log",
+    "minus_inf": "LSE is -inf: the running max was never updated (m stays -inf): set m_i = m_new "
+                 "at the end of every iteration",
+}
+
+
+def mistake_questions(q, k, v, blocks, scale, causal, *, base2=True, lse=True):
+    """[(name, arguments)] of the answers a comparison asks for: the outputs of the loop's
+    classic mistakes (a batch offset's mistake depends on the inputs' strides) and, with
+    lse, those of LSE."""
+    strides = [list(t.stride()) for t in (q, k, v)]
+    return ([("kernel_mistakes", (q, k, v, *blocks, scale, causal, base2, strides))]
+            + ([("lse_mistakes", (q, k, scale, causal))] if lse else []))
+
+
+def _mistakes(q, k, v, blocks, scale, causal, *, base2=True, lse=True):
+    """({description: recorded O}, {description: recorded LSE}, or None without lse) of the
+    classic mistakes these inputs can show. Asked before the launch, while q, k and v hold
+    the values the answers are recorded for."""
+    found = [answer("flash_forward", name, *args)
+             for name, args in mistake_questions(q, k, v, blocks, scale, causal, base2=base2, lse=lse)]
+    o = {text: found[0][key] for key, text in _loop_mistakes(q, k, v, base2).items() if key in found[0]}
+    return o, ({text: found[1][key] for key, text in _LSE_MISTAKES.items() if key in found[1]}
+               if lse else None)
 
 
 def _matches(out, mistakes):
     atol, rtol = tolerance(out.dtype, out.device)
     a = out.detach().to("cpu", torch.float64)
-    for _, wrong in mistakes.items():
-        wrong = torch.as_tensor(wrong).detach().to("cpu", torch.float64)
-        if wrong.shape == a.shape and torch.allclose(a, wrong, atol=atol, rtol=rtol, equal_nan=True):
-            return True
-    return False
+    return any(matches(a, wrong, atol, rtol) for wrong in mistakes.values())
 
 
 def _hints(*hints):
@@ -379,11 +316,12 @@ def _views_hint(tensors):
     return None
 
 
-def _check_result(out, lse, q, k, v, *, name, causal, scale, blocks, kind, base2=True,
-                  hint=None, quiet=False):
-    """Compare O (and LSE, unless None) with the float64 reference, naming mistakes."""
+def _check_result(out, lse, q, k, v, *, name, causal, scale, kind, mistakes, hint=None,
+                  quiet=False):
+    """Compare O (and LSE, unless None) with the float64 reference, naming the classic
+    mistakes (_mistakes: those of O, those of LSE)."""
     expected, expected_lse = reference(q, k, v, causal, scale)
-    mistakes = kernel_mistakes(q, k, v, blocks[0], blocks[1], scale, causal, base2=base2)
+    mistakes, lse_mistakes = mistakes
     hint = _hints(_kind_hint(kind, q.dtype, k.shape[2], q.shape[-1], scale), hint,
                   _views_hint({"q": q, "k": k, "v": v}))
     if not isinstance(out, torch.Tensor):
@@ -399,7 +337,7 @@ def _check_result(out, lse, q, k, v, *, name, causal, scale, blocks, kind, base2
     if lse is not None:
         atol, rtol = LSE_TOLERANCE
         assert_close(lse, expected_lse, name=f"LSE of {name}", dim_names=BHN, atol=atol, rtol=rtol,
-                     mistakes=lse_mistakes(q, k, scale, causal), quiet=True,
+                     mistakes=lse_mistakes, quiet=True,
                      hint="LSE[row] = log(sum_j exp(S[row, j] * sm_scale)): with base-2 "
                           "statistics, (m + log2 l) * ln 2")
 
@@ -415,6 +353,7 @@ def case_blocked(fn, q, k, v, block_q, block_k, *, causal=False, sm_scale=None, 
                  extra=f", block_q={block_q}, block_k={block_k}"
                        + (f", sm_scale={sm_scale}" if sm_scale is not None else ""))
     kwargs = {"causal": causal} | ({} if sm_scale is None else {"sm_scale": sm_scale})
+    mistakes = _mistakes(q, k, v, (block_q, block_k), scale, causal, base2=False, lse=False)
     out, report = watched_call(fn, q, k, v, block_q, block_k, forbid=("softmax", "attention"),
                                measure_products=True, **kwargs)
     limit = max(block_q, block_k, D)
@@ -422,8 +361,8 @@ def case_blocked(fn, q, k, v, block_q, block_k, *, causal=False, sm_scale=None, 
         fail(f"{name} multiplied matrices with a side of {report['largest_product']}, larger than "
              f"the blocks: compute S one [block_q, block_k] block at a time (q block @ k blockᵀ) "
              f"and O from p @ v block by block, never a whole row of S (sides up to {limit} here)")
-    _check_result(out, None, q, k, v, name=name, causal=causal, scale=scale,
-                  blocks=(block_q, block_k), kind=kind, base2=False, quiet=quiet)
+    _check_result(out, None, q, k, v, name=name, causal=causal, scale=scale, kind=kind,
+                  mistakes=mistakes, quiet=quiet)
 
 
 def case_blocked_random(fn, B, H, Nq, Nk, D, dtype, block_q, block_k, *, seed, causal=False,
@@ -431,6 +370,13 @@ def case_blocked_random(fn, B, H, Nq, Nk, D, dtype, block_q, block_k, *, seed, c
     q, k, v = attention_inputs(B, H, Nq, Nk, D, dtype, seed=seed, kind=kind, layouts=layouts)
     case_blocked(fn, q, k, v, block_q, block_k, causal=causal, sm_scale=sm_scale, kind=kind,
                  quiet=quiet)
+
+
+# The checks' cases run on a GPU only, (B, H, Nq, Nk, D, dtype[, block_q, block_k]) and
+# options: answers.py records their classic mistakes too (the table is recorded on a CPU).
+BLOCKED_GPU_CASES = [((2, 2, 70, 45, 24, BF16, 16, 32), dict(seed=9, causal=True))]
+KERNEL_GPU_CASES = [((2, 2, 300, 517, 128, BF16), dict(seed=10, causal=False, blocks=(64, 64))),
+                    ((1, 2, 250, 250, 96, F16), dict(seed=11, causal=True, blocks=(64, 32)))]
 
 
 def check_flash_attention_blocked(flash_attention_blocked):
@@ -445,8 +391,8 @@ def check_flash_attention_blocked(flash_attention_blocked):
     case(1, 2, 33, 40, 32, F16, 16, 16, seed=6, kind="extreme", causal=True)
     case(1, 1, 20, 90, 16, F16, 16, 32, seed=7, kind="big_v")
     case(1, 1, 20, 90, 16, F16, 16, 32, seed=8, kind="big_v_negative", layouts=("contiguous", "bnhd", "contiguous"))
-    if not INTERPRET:
-        case(2, 2, 70, 45, 24, BF16, 16, 32, seed=9, causal=True)
+    for shape, options in pick([], BLOCKED_GPU_CASES):
+        case(*shape, **options)
 
 
 # ---------------------------------------------------------------------------------------
@@ -491,6 +437,7 @@ def case_kernel(kernel, q, k, v, *, causal=False, sm_scale=None, blocks=(32, 32)
         "O + b * stride_ob + h * stride_oh + n * stride_on + d * stride_od",
         D != block_d(D) and f"D = {D} is not a power of two: BLOCK_D = {block_d(D)}, and the "
         "lanes past HEAD_DIM must be masked on every load and store")
+    mistakes = _mistakes(q, k, v, blocks, scale, causal)
     with hinted(hint), \
             output_in_layout((B, H, Nq, D), q.dtype, out_layout, name=f"O of {name}") as out, \
             guarded_output((B, H, Nq), torch.float32, DEVICE, name=f"LSE of {name}",
@@ -500,8 +447,8 @@ def case_kernel(kernel, q, k, v, *, causal=False, sm_scale=None, blocks=(32, 32)
             H, Nq, Nk, scale * LOG2E,
             GROUP=1, HEAD_DIM=D, BLOCK_D=block_d(D), BLOCK_Q=block_q, BLOCK_K=block_k,
             CAUSAL=causal, DOT_PRECISION="ieee" if q.dtype == F32 else "tf32")
-    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale, blocks=blocks,
-                  kind=kind, hint=hint, quiet=quiet)
+    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale, kind=kind,
+                  mistakes=mistakes, hint=hint, quiet=quiet)
 
 
 def case_kernel_random(kernel, B, H, Nq, Nk, D, dtype, *, seed, kind="random",
@@ -523,9 +470,8 @@ def check_flash_attention_kernel(flash_attention_kernel):
     case(1, 2, 40, 40, 64, F16, seed=7, kind="extreme", causal=True)
     case(1, 1, 20, 60, 16, F16, seed=8, kind="big_v")
     case(1, 1, 20, 60, 16, F16, seed=9, kind="big_v_negative", layouts=("contiguous", "bnhd", "transposed"))
-    if not INTERPRET:
-        case(2, 2, 300, 517, 128, BF16, seed=10, causal=False, blocks=(64, 64))
-        case(1, 2, 250, 250, 96, F16, seed=11, causal=True, blocks=(64, 32))
+    for shape, options in pick([], KERNEL_GPU_CASES):
+        case(*shape, **options)
 
 
 # ---------------------------------------------------------------------------------------
@@ -567,6 +513,8 @@ def case_wrapper(fn, kernel, q, k, v, *, causal=False, sm_scale=None, blocks=Non
                  + (f", block_q={blocks[0]}, block_k={blocks[1]}" if blocks else ""))
     kwargs = {"causal": causal} | ({} if sm_scale is None else {"sm_scale": sm_scale}) | (
         {"block_q": blocks[0], "block_k": blocks[1]} if blocks else {})
+    mistakes = _mistakes(q, k, v, blocks or (INTERPRETER_BLOCKS if INTERPRET else GPU_BLOCKS),
+                         scale, causal)
     result, report = watched_call(fn, q, k, v, kernel=kernel, forbid=FORBID,
                                   before_launch=_launch_check(name, B, H, Nq, D, blocks), **kwargs)
     kernel_name = getattr(kernel, "__name__", "the kernel")
@@ -583,9 +531,8 @@ def case_wrapper(fn, kernel, q, k, v, *, causal=False, sm_scale=None, blocks=Non
     if lse.dtype != torch.float32:
         fail(f"{name}: lse is {dtype_name(lse.dtype)}; it must be float32 whatever the inputs' "
              "dtype (the backward recomputes P from it)")
-    used = blocks or (INTERPRETER_BLOCKS if INTERPRET else (64, 64))
-    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale, blocks=used,
-                  kind=kind, quiet=quiet,
+    _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale, kind=kind,
+                  mistakes=mistakes, quiet=quiet,
                   hint=sm_scale is not None and f"sm_scale={sm_scale} is given here: use it "
                   "instead of 1/sqrt(D)")
 
@@ -605,19 +552,25 @@ def bad_inputs(fn):
             ("a float32 q with float16 k and v", lambda: fn(x, x.half(), x.half()))]
 
 
+# The wrapper check's cases, (B, H, Nq, Nk, D, dtype) and options, and those run on a GPU
+# only. Without blocks, the wrapper's defaults are compared as GPU_BLOCKS on a GPU:
+# answers.py records those cases' classic mistakes for GPU_BLOCKS too.
+WRAPPER_CASES = [
+    ((1, 2, 70, 45, 40, F32), dict(seed=1)),                  # default blocks, Nq != Nk, ragged
+    ((2, 1, 50, 50, 24, F16), dict(seed=2, causal=True, blocks=(16, 32))),
+    ((1, 2, 40, 33, 32, F32), dict(seed=3, sm_scale=0.3, blocks=(32, 16),
+                                   layouts=("bnhd", "transposed", "sliced"))),
+    ((1, 2, 40, 40, 64, F16), dict(seed=4, kind="extreme", layouts=("contiguous", "bnhd", "contiguous"))),
+    ((1, 1, 20, 60, 16, F16), dict(seed=5, kind="big_v", blocks=(16, 32))),
+    ((1, 1, 20, 60, 16, F32), dict(seed=6, kind="big_v_negative")),
+]
+WRAPPER_GPU_CASES = [((2, 4, 777, 1025, 128, BF16), dict(seed=7, layouts=("bnhd",) * 3)),
+                     ((1, 2, 300, 300, 256, F16), dict(seed=8, causal=True))]
+
+
 def check_flash_attention(flash_attention, flash_attention_kernel):
-    def case(*args, **kwargs):
-        case_wrapper_random(flash_attention, flash_attention_kernel, *args, **kwargs)
-    case(1, 2, 70, 45, 40, F32, seed=1)                    # default blocks, Nq != Nk, ragged
-    case(2, 1, 50, 50, 24, F16, seed=2, causal=True, blocks=(16, 32))
-    case(1, 2, 40, 33, 32, F32, seed=3, sm_scale=0.3, blocks=(32, 16),
-         layouts=("bnhd", "transposed", "sliced"))
-    case(1, 2, 40, 40, 64, F16, seed=4, kind="extreme", layouts=("contiguous", "bnhd", "contiguous"))
-    case(1, 1, 20, 60, 16, F16, seed=5, kind="big_v", blocks=(16, 32))
-    case(1, 1, 20, 60, 16, F32, seed=6, kind="big_v_negative")
-    if not INTERPRET:
-        case(2, 4, 777, 1025, 128, BF16, seed=7, layouts=("bnhd",) * 3)
-        case(1, 2, 300, 300, 256, F16, seed=8, causal=True)
+    for shape, options in WRAPPER_CASES + pick([], WRAPPER_GPU_CASES):
+        case_wrapper_random(flash_attention, flash_attention_kernel, *shape, **options)
     check_rejects(bad_inputs(flash_attention), name="flash_attention")
     print("ok  flash_attention rejects bad inputs with clear errors")
 

@@ -6,9 +6,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from course import DEVICE
+from course import DEVICE, pick
 from course.recorded import answer
-from course.testing import (CheckFailed, assert_close, assert_not_trivial, check_choice,  # noqa: F401
+from course.testing import (assert_close, assert_not_trivial, check_choice,  # noqa: F401
                             check_rejects, dtype_name, fail, guarded_input, randn, watched_call)
 
 BHND = ("batch", "head", "query", "col")
@@ -82,24 +82,7 @@ def _describe(t):
 
 
 # ---------------------------------------------------------------------------------------
-# What attention gives, right and wrong, in float64
-
-def attention64(q, k, v, causal, scale, *, softmax_dim=-1, transpose_k=True, mask="top-left",
-                kv_heads="consecutive"):
-    """Attention in float64 from the same inputs; the keywords make classic mistakes."""
-    q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
-    H, Hkv = q.shape[1], k.shape[1]
-    if kv_heads == "consecutive":
-        k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))
-    else:  # query head h reads K/V head h % Hkv
-        k, v = (t.repeat(1, H // Hkv, 1, 1) for t in (k, v))
-    s = q @ (k.transpose(-1, -2) if transpose_k else k) * scale
-    if causal and mask is not None:
-        n_q, n_k = s.shape[-2:]
-        first_hidden = {"top-left": 1, "diagonal": 0, "bottom-right": 1 + n_k - n_q}[mask]
-        s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(first_hidden), float("-inf"))
-    return torch.softmax(s, dim=softmax_dim) @ v
-
+# What attention gives, and the classic mistakes' outputs (recorded)
 
 def expected_attention(q, k, v, causal, scale):
     """PyTorch's own attention (SDPA) in float64: what every check compares with."""
@@ -108,38 +91,32 @@ def expected_attention(q, k, v, causal, scale):
                                           enable_gqa=k.shape[1] != q.shape[1])
 
 
+_MISTAKES = {  # answers.py's attention_mistakes gives the output of each that applies, by key
+    "no_scale": "the scores were not multiplied by the scale (sm_scale, or 1/sqrt(D) when "
+                "sm_scale is None)",
+    "scale_twice": "the scale was applied twice",
+    "softmax_over_queries": "the softmax ran over the queries (each column of weights sums to "
+                            "1): take it over the keys (the last dim), so that each query's "
+                            "weights sum to 1",
+    "divided_by_d": "the scores were divided by D instead of sqrt(D)",
+    "sm_scale_ignored": "sm_scale was ignored: when the caller gives sm_scale, use it instead "
+                        "of 1/sqrt(D)",
+    "k_not_transposed": "K was not transposed: S = Q K^T, whose entry [i, j] is the dot "
+                        "product of query i with key j",
+    "mask_missing": "the causal mask was not applied",
+    "diagonal_hidden": "the diagonal was masked too: query i sees key i itself, hide only j > i",
+    "bottom_right": "the mask was aligned bottom-right (the last query with the last key): "
+                    "SDPA's is_causal aligns it top-left, query i sees keys j <= i whatever Nq "
+                    "and Nk",
+    "heads_modulo": "query head h used K/V head h % Hkv: consecutive query heads share one K/V "
+                    "head, so query head h reads K/V head h // (H // Hkv)",
+}
+
+
 def _mistakes(q, k, v, causal, scale, default):
-    """{description: output} of the classic mistakes that apply to these inputs."""
-    D, Nq, Nk = q.shape[-1], q.shape[-2], k.shape[-2]
-    found = {
-        "the scores were not multiplied by the scale (sm_scale, or 1/sqrt(D) when sm_scale "
-        "is None)": attention64(q, k, v, causal, 1.0),
-        "the scale was applied twice": attention64(q, k, v, causal, scale * scale),
-        "the softmax ran over the queries (each column of weights sums to 1): take it over "
-        "the keys (the last dim), so that each query's weights sum to 1":
-            attention64(q, k, v, causal, scale, softmax_dim=-2),
-    }
-    if default:
-        found["the scores were divided by D instead of sqrt(D)"] = attention64(q, k, v, causal, 1 / D)
-    else:
-        found["sm_scale was ignored: when the caller gives sm_scale, use it instead of "
-              "1/sqrt(D)"] = attention64(q, k, v, causal, 1 / math.sqrt(D))
-    if Nk == D:
-        found["K was not transposed: S = Q K^T, whose entry [i, j] is the dot product of query "
-              "i with key j"] = attention64(q, k, v, causal, scale, transpose_k=False)
-    if causal:
-        found["the causal mask was not applied"] = attention64(q, k, v, causal, scale, mask=None)
-        found["the diagonal was masked too: query i sees key i itself, hide only j > i"] = \
-            attention64(q, k, v, causal, scale, mask="diagonal")
-        if Nq != Nk:
-            found["the mask was aligned bottom-right (the last query with the last key): "
-                  "SDPA's is_causal aligns it top-left, query i sees keys j <= i whatever Nq "
-                  "and Nk"] = attention64(q, k, v, causal, scale, mask="bottom-right")
-    if k.shape[1] not in (1, q.shape[1]):
-        found["query head h used K/V head h % Hkv: consecutive query heads share one K/V "
-              "head, so query head h reads K/V head h // (H // Hkv)"] = \
-            attention64(q, k, v, causal, scale, kv_heads="modulo")
-    return found
+    """{description: recorded output} of the classic mistakes that apply to these inputs."""
+    found = answer("naive_attention", "attention_mistakes", q, k, v, causal, scale, default)
+    return {text: found[key] for key, text in _MISTAKES.items() if key in found}
 
 
 def _hint(kind, dtype, scale):
@@ -168,14 +145,11 @@ def case_attention(fn, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False, sm_sc
     name = (f"{what}({dtype_name(dtype)}{'' if kind == 'random' else ' ' + kind} q {_describe(q)}, "
             f"k and v {_describe(k)}, causal={causal}"
             + ("" if sm_scale is None else f", sm_scale={sm_scale:g}") + ")")
+    # Asked before the call, while q, k and v hold the values the answers are recorded for.
+    mistakes = _mistakes(q, k, v, causal, scale, sm_scale is None)
     out, _ = watched_call(fn, q, k, v, forbid=forbid, **kwargs)
-    expected = expected_attention(q, k, v, causal, scale)
-    try:
-        assert_close(out, expected, name=name, dim_names=BHND, quiet=quiet, hint=_hint(kind, dtype, scale))
-    except CheckFailed:  # the same failure, now naming the classic mistake it matches (if any)
-        assert_close(out, expected, name=name, dim_names=BHND, quiet=quiet, hint=_hint(kind, dtype, scale),
-                     mistakes=_mistakes(q, k, v, causal, scale, sm_scale is None))
-        raise
+    assert_close(out, expected_attention(q, k, v, causal, scale), name=name, dim_names=BHND,
+                 quiet=quiet, hint=_hint(kind, dtype, scale), mistakes=mistakes)
     assert_not_trivial(out, name=name)
     if out.dtype != dtype:
         fail(f"{name} is {dtype_name(out.dtype)}: return the dtype of q ({dtype_name(dtype)}), "
@@ -253,7 +227,12 @@ def check_repeat_kv(repeat_kv):
 # ---------------------------------------------------------------------------------------
 # attention_reference, naive_attention: the same cases
 
-def _attention_cases(check, dtypes):
+# The attention checks' case run on a GPU only, (B, H, Hkv, Nq, Nk, D, dtype) and options:
+# answers.py records its classic mistakes too (the table is recorded on a CPU).
+GPU_CASES = [((1, 2, 1, 40, 56, 32, torch.bfloat16), dict(seed=14, causal=True))]
+
+
+def _attention_cases(check):
     """The visible cases of both exercises; check(B, H, Hkv, Nq, Nk, D, dtype, **options).
     The first ones name the classic mistakes (square, then causal, then ragged, then GQA)."""
     f32, f16 = torch.float32, torch.float16
@@ -270,17 +249,14 @@ def _attention_cases(check, dtypes):
     check(1, 1, 1, 10, 21, 20, f16, seed=11, kind="negative", layout="bnhd", causal=True)
     check(1, 2, 2, 8, 24, 16, f32, seed=12, kind="negative")
     check(1, 2, 1, 19, 16, 16, f16, seed=13, kind="overflow", causal=True)   # Nq > Nk
-    for dtype in dtypes[2:]:  # bf16, on a GPU
-        check(1, 2, 1, 40, 56, 32, dtype, seed=14, causal=True)
+    for shape, options in pick([], GPU_CASES):  # bf16
+        check(*shape, **options)
 
 
 def check_attention_reference(attention_reference):
-    from course import INTERPRET
-    dtypes = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
-
     def check(*args, **kwargs):
         case_attention(attention_reference, *args, quiet=True, **kwargs)
-    _attention_cases(check, dtypes)
+    _attention_cases(check)
     print("ok  attention_reference equals SDPA (float64): causal or not, any scale, grouped "
           "heads, views, fp32 and fp16, scores far from zero")
 
@@ -305,12 +281,9 @@ def case_naive_attention(fn, *args, quiet=True, **kwargs):
 
 
 def check_naive_attention(naive_attention):
-    from course import INTERPRET
-    dtypes = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
-
     def check(*args, **kwargs):
         case_naive_attention(naive_attention, *args, **kwargs)
-    _attention_cases(check, dtypes)
+    _attention_cases(check)
     check_rejects(bad_attention_inputs(naive_attention), name="naive_attention")
     print("ok  naive_attention equals SDPA (float64) with your Triton kernels: causal or not, "
           "any scale, grouped heads, views, fp32 and fp16, scores far from zero; bad inputs "
