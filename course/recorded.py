@@ -114,6 +114,15 @@ class _Deferred(collections.abc.Mapping):
         return len(self._value())
 
 
+def snapshot(*values):
+    """The values themselves where the answers are asked at once; while the grader computes,
+    the tensors among them copied (a deferred question must see the values as they were,
+    whatever the learner's code does to them afterwards)."""
+    if not (_computing and not _computing[-1][1] and not _computing[-1][2]):
+        return values
+    return tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in values)
+
+
 def deferred(make):
     """make(): a mapping a check needs only once a result is wrong (its classic mistakes'
     outputs). Made at once where the tables are read or recorded; made when first used

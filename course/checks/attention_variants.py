@@ -16,7 +16,7 @@ import math
 import torch
 import triton
 
-from course import DEVICE, INTERPRET, pick
+from course import DEVICE, INTERPRET, pick, recorded
 from course.checks import flash_forward as ff
 from course.checks.flash_forward import (BF16, F16, F32, LOG2E, attention_values, block_d,
                                          output_in_layout)
@@ -268,10 +268,13 @@ def _mistakes(q, k, v, blocks, scale, causal):
     """({description: recorded O}, {description: recorded LSE}) of the classic mistakes
     these inputs can show. Asked before the launch, while q, k and v hold the values the
     answers are recorded for."""
-    o, lse = (answer("attention_variants", name, *args)
-              for name, args in mistake_questions(q, k, v, blocks, scale, causal))
-    return ({text: o[key] for key, text in _variant_mistakes(q, k, v).items() if key in o},
-            {text: lse[key] for key, text in _LSE_MISTAKES.items() if key in lse})
+    texts = _variant_mistakes(q, k, v)
+    questions = [(name, recorded.snapshot(*args)) for name, args in mistake_questions(q, k, v, blocks, scale, causal)]
+    found = recorded.deferred(lambda: dict(enumerate(answer("attention_variants", name, *args)
+                                                     for name, args in questions)))
+    return (recorded.deferred(lambda: {text: found[0][key] for key, text in texts.items() if key in found[0]}),
+            recorded.deferred(lambda: {text: found[1][key] for key, text in _LSE_MISTAKES.items()
+                                       if key in found[1]}))
 
 
 # ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import math
 import torch
 import triton
 
-from course import DEVICE, INTERPRET, pick
+from course import DEVICE, INTERPRET, pick, recorded
 from course.gpu_compile import compile_for_gpu
 from course.recorded import answer, matches
 from course.testing import (assert_close, assert_not_trivial, check_choice,  # noqa: F401
@@ -272,11 +272,14 @@ def _mistakes(q, k, v, blocks, scale, causal, *, base2=True, lse=True):
     """({description: recorded O}, {description: recorded LSE}, or None without lse) of the
     classic mistakes these inputs can show. Asked before the launch, while q, k and v hold
     the values the answers are recorded for."""
-    found = [answer("flash_forward", name, *args)
-             for name, args in mistake_questions(q, k, v, blocks, scale, causal, base2=base2, lse=lse)]
-    o = {text: found[0][key] for key, text in _loop_mistakes(q, k, v, base2).items() if key in found[0]}
-    return o, ({text: found[1][key] for key, text in _LSE_MISTAKES.items() if key in found[1]}
-               if lse else None)
+    texts = _loop_mistakes(q, k, v, base2)
+    questions = [(name, recorded.snapshot(*args))
+                 for name, args in mistake_questions(q, k, v, blocks, scale, causal, base2=base2, lse=lse)]
+    found = recorded.deferred(lambda: dict(enumerate(answer("flash_forward", name, *args)
+                                                     for name, args in questions)))
+    o = recorded.deferred(lambda: {text: found[0][key] for key, text in texts.items() if key in found[0]})
+    return o, (recorded.deferred(lambda: {text: found[1][key] for key, text in _LSE_MISTAKES.items()
+                                          if key in found[1]}) if lse else None)
 
 
 def _matches(out, mistakes):

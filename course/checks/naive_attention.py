@@ -6,7 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from course import DEVICE, pick
+from course import DEVICE, pick, recorded
 from course.recorded import answer
 from course.testing import (assert_close, assert_not_trivial, check_choice,  # noqa: F401
                             check_rejects, dtype_name, fail, guarded_input, randn, watched_call)
@@ -115,8 +115,10 @@ _MISTAKES = {  # answers.py's attention_mistakes gives the output of each that a
 
 def _mistakes(q, k, v, causal, scale, default):
     """{description: recorded output} of the classic mistakes that apply to these inputs."""
-    found = answer("naive_attention", "attention_mistakes", q, k, v, causal, scale, default)
-    return {text: found[key] for key, text in _MISTAKES.items() if key in found}
+    q, k, v = recorded.snapshot(q, k, v)
+    return recorded.deferred(lambda: {text: found[key] for found in [answer(
+        "naive_attention", "attention_mistakes", q, k, v, causal, scale, default)]
+        for key, text in _MISTAKES.items() if key in found})
 
 
 def _hint(kind, dtype, scale):
