@@ -8,6 +8,7 @@ writes to course/recorded/<topic>.json for the learner's copy. `resolve` is what
 grader computes with while a hidden test runs (`hidden(lesson)`).
 """
 import contextlib
+import functools
 import importlib
 import io
 import json
@@ -78,7 +79,9 @@ def lessons() -> list:
     return [name for name in paths.lesson_names() if (paths.LESSONS / name / "answers.py").exists()]
 
 
+@functools.lru_cache(maxsize=None)
 def _answers(topic: str):
+    """answers.py of the lesson of `topic`, loaded once (a hidden test asks it thousands of times)."""
     lesson, = [name for name in lessons() if paths.topic_of(name) == topic]
     return paths.lesson_file(lesson, "answers")
 
