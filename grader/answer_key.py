@@ -80,10 +80,14 @@ def lessons() -> list:
 
 
 @functools.lru_cache(maxsize=None)
-def _answers(topic: str):
-    """answers.py of the lesson of `topic`, loaded once (a hidden test asks it thousands of times)."""
-    lesson, = [name for name in lessons() if paths.topic_of(name) == topic]
+def answers_of(lesson: str):
+    """grader/lessons/<lesson>/answers.py, loaded once (a hidden test asks it thousands of times)."""
     return paths.lesson_file(lesson, "answers")
+
+
+def _answers(topic: str):
+    lesson, = [name for name in lessons() if paths.topic_of(name) == topic]
+    return answers_of(lesson)
 
 
 def resolve(topic: str, name: str):
@@ -120,7 +124,7 @@ def run_checks(lesson: str):
     functions under the notebook's names), their ok lines silenced."""
     from grader.build import _lesson_cells
     topic = paths.topic_of(lesson)
-    checks = paths.lesson_file(lesson, "answers").CHECKS
+    checks = answers_of(lesson).CHECKS
     cells = [c.source for c in _lesson_cells(lesson).cells
              if c.metadata.get("nbgrader", {}).get("grade")
              and any(f"checks.{check}(" in c.source for check in checks)]
@@ -156,7 +160,7 @@ def record(lesson: str) -> dict:
 
     with recorded.computing(recording, recording=True):
         run_checks(lesson)
-        for name, args in getattr(paths.lesson_file(lesson, "answers"), "EXTRA", []):
+        for name, args in getattr(answers_of(lesson), "EXTRA", []):
             recorded.answer(topic, name, *args)
     if prints:
         table[recorded.FINGERPRINTS] = prints
