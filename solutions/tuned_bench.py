@@ -412,8 +412,12 @@ def run_small(case, reps):
     rows = []
     for t in grads:
         t.grad = None
+    # detached at once: an output kept alive keeps its autograd graph, and with it the
+    # leaves' AccumulateGrad nodes bound to the default stream, which breaks the CUDA
+    # graph capture below (cudaErrorStreamCaptureImplicit, PERF.md 3c)
     o = flash_attention(q, k, v, causal=c)[0]
     o.backward(do)
+    o = o.detach()
     err = max([_rel(o, expected[0])] + [_rel(t.grad, e) for t, e in zip(grads, expected[1:])])
     for t in grads:
         t.grad = None

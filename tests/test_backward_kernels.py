@@ -245,3 +245,19 @@ def test_bf16_on_gpu(causal, fused):
     _, *grads = run_backward(q, k, v, do, causal, fused)
     _, *refs = reference(q, k, v, do, causal)
     check_grads(grads, refs, torch.bfloat16, f"seed={seed} bf16 causal={causal} fused={fused}")
+
+
+# Head dims above 128 run the 256 bucket of the shortlists (64-row tiles, 8 warps): too
+# costly for the interpreter, so only on a GPU.
+
+@pytest.mark.skipif(not ON_GPU, reason="head dims above 128 are only checked on a GPU")
+@pytest.mark.parametrize("fused", [False, True], ids=["dq-kernel", "fused-atomic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [160, 192, 256])
+def test_large_head_dims_on_gpu(D, causal, fused):
+    B, H, Hkv, Nq, Nk = 2, 4, 2, 300, 257
+    seed = fresh_seed()
+    q, k, v, do = _inputs(seed, B, H, Hkv, Nq, Nk, D, torch.float16)
+    _, *grads = run_backward(q, k, v, do, causal, fused)
+    _, *refs = reference(q, k, v, do, causal)
+    check_grads(grads, refs, torch.float16, f"seed={seed} D={D} causal={causal} fused={fused}")
