@@ -32,6 +32,12 @@ def fail(message: str):
     raise CheckFailed(message)
 
 
+def join_hints(*hints):
+    """The hints that apply (falsy ones left out), each on its own "hint:" line of a
+    failure message; None if none applies."""
+    return "\n  hint: ".join(h for h in hints if h) or None
+
+
 @contextlib.contextmanager
 def hinted(hint):
     """A check failing inside the block fails with the hint added to its message."""

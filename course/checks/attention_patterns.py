@@ -21,15 +21,15 @@ import triton
 
 from course import DEVICE, INTERPRET, pick, recorded
 from course.checks.flash_forward import (BF16, BHN, BHND, F16, F32, LAYOUTS, LN2, LOG2E,  # noqa: F401
-                                         LSE_TOLERANCE, MARGIN, OUT_LAYOUTS, _describe, _f64, _hints,
+                                         LSE_TOLERANCE, MARGIN, OUT_LAYOUTS, _describe, _f64,
                                          _kind_hint, _launch_check, _views_hint,
                                          attention_values, bad_inputs, block_d, in_layout,
                                          output_in_layout)
 from course.gpu_compile import compile_for_gpu
 from course.recorded import answer, matches
 from course.testing import (assert_close, assert_not_trivial, check_choice, check_rejects,  # noqa: F401
-                            dtype_name, fail, guarded_input, guarded_output, hinted, randn,
-                            tolerance, watched_call)
+                            dtype_name, fail, guarded_input, guarded_output, hinted, join_hints,
+                            randn, tolerance, watched_call)
 
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)
 F64 = torch.float64
@@ -85,7 +85,7 @@ def case_projection(fn, x, w, heads, kv_heads, *, kind="random", quiet=False):
         fail(f"{name} should return three tensors (q, k, v), got {type(result).__name__}")
     product = _f64(x) @ _f64(w).T
     expected = [_read(product, part) for part in columns["parts"]]
-    hint = _hints(kv_heads != heads and f"kv_heads = {kv_heads} here, heads = {heads}: the rows "
+    hint = join_hints(kv_heads != heads and f"kv_heads = {kv_heads} here, heads = {heads}: the rows "
                   f"split into {heads * D} for q and {kv_heads * D} each for k and v, not in thirds.",
                   not (x.is_contiguous() and w.is_contiguous()) and "x or w_qkv is a view here: "
                   "x @ w_qkv.T takes any layout, and its output is a fresh contiguous tensor, so "
@@ -222,7 +222,7 @@ def case_rope(fn, x, offset=0, base=ROPE_BASE, *, kind="random", quiet=False):
     if isinstance(out, torch.Tensor) and out.dtype != x.dtype:
         fail(f"{name} returned {dtype_name(out.dtype)}: compute in fp32, return x's dtype "
              f"({dtype_name(x.dtype)})")
-    _compare_rope(out, x, expected, mistakes, name=name, quiet=quiet, hint=_hints(
+    _compare_rope(out, x, expected, mistakes, name=name, quiet=quiet, hint=join_hints(
         offset and f"offset = {offset}: row n sits at position {offset} + n.",
         not x.is_contiguous() and "x is a view here: index it, never assume its layout."))
 
@@ -259,7 +259,7 @@ def case_rope_kernel(kernel, x, offset=0, base=ROPE_BASE, *, block_n=16, out_lay
     B, H, N, D = x.shape
     name = _rope_name("rope_kernel", x, offset, base, kind, extra=f", BLOCK_N={block_n}"
                       + ("" if out_layout == "contiguous" else f", Y {out_layout}"))
-    hint = _hints(
+    hint = join_hints(
         offset and f"pos_offset = {offset}: row n sits at position {offset} + n.",
         D != block_d(D) and f"D = {D} is not a power of two: BLOCK_D = {block_d(D)}; pairs and "
         "frequencies come from HEAD_DIM, and lanes past it are masked.",
@@ -497,7 +497,7 @@ def _pattern_text(q_offset, causal, window, rope, rope_base, slopes):
 
 def _pattern_hint(q, k, *, q_offset, causal, window, rope, slopes):
     H, Hkv = q.shape[1], k.shape[1]
-    return _hints(
+    return join_hints(
         q_offset and f"q_offset = {q_offset}: query i sits at position {q_offset} + i, key j at j.",
         rope and "RoPE: q at the queries' positions, k at the keys' (from 0), halves pairing.",
         slopes is not None and "ALiBi: -SLOPES[h] * |distance| is added to the scaled scores, in "
@@ -599,7 +599,7 @@ def case_pattern_kernel(kernel, q, k, v, *, sm_scale=None, blocks=(32, 32), out_
             f"q {tuple(q.shape)}, k/v {tuple(k.shape)}, {_pattern_text(**pattern) or 'no pattern'}, "
             f"BLOCK_Q={block_q}, BLOCK_K={block_k}" + (f", sm_scale={sm_scale}" if sm_scale else "")
             + ("" if out_layout == "contiguous" else f", O {out_layout}") + ")")
-    hint = _hints(_pattern_hint(q, k, q_offset=pattern["q_offset"], causal=pattern["causal"],
+    hint = join_hints(_pattern_hint(q, k, q_offset=pattern["q_offset"], causal=pattern["causal"],
                                 window=pattern["window"], rope=pattern["rope"], slopes=pattern["slopes"]),
                   _kind_hint(kind, q.dtype, Nk, D, scale),
                   out_layout != "contiguous" and f"O is a {out_layout} view here: store through its strides.",
@@ -722,7 +722,7 @@ def case_pattern_wrapper(fn, kernel, q, k, v, *, sm_scale=None, blocks=None, kin
                     else type(t).__name__))
     if not isinstance(out, torch.Tensor):
         fail(f"{name} should give O as a torch.Tensor, got {type(out).__name__}")
-    hint = _hints(_pattern_hint(q, k, q_offset=pattern["q_offset"], causal=pattern["causal"],
+    hint = join_hints(_pattern_hint(q, k, q_offset=pattern["q_offset"], causal=pattern["causal"],
                                 window=pattern["window"], rope=pattern["rope"], slopes=pattern["slopes"]),
                   _kind_hint(kind, q.dtype, k.shape[2], D, scale),
                   "every option reaches the kernel: q_offset, the window (for plain causal, one "

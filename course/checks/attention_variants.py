@@ -23,7 +23,7 @@ from course.checks.flash_forward import (BF16, F16, F32, LOG2E, attention_values
 from course.gpu_compile import compile_for_gpu
 from course.recorded import answer
 from course.testing import (assert_close, assert_not_trivial, check_choice, check_rejects,  # noqa: F401
-                            dtype_name, fail, guarded_input, hinted, watched_call)
+                            dtype_name, fail, guarded_input, hinted, join_hints, watched_call)
 
 BHND, BHN = ff.BHND, ff.BHN
 # Memory layouts of inputs: module 05's, plus "padded": every head's keys followed by NaN
@@ -291,7 +291,7 @@ def _hint(q, k, v, causal, scale, kind, blocks):
     Hkv, Nk = k.shape[1], k.shape[2]
     block_q, block_k = blocks
     values = ff._kind_hint(kind, q.dtype, Nk, D, scale)
-    return ff._hints(
+    return join_hints(
         values and values + ".",
         H != Hkv and f"K and V have {Hkv} head(s) for {H} query heads here: {_GQA}.",
         causal and Nq != Nk and f"Nq = {Nq}, Nk = {Nk}: bottom-right, row i sees keys "
@@ -389,7 +389,7 @@ def case_kernel(kernel, q, k, v, *, causal=False, sm_scale=None, blocks=(32, 32)
                  extra=f", BLOCK_Q={block_q}, BLOCK_K={block_k}"
                        + (f", sm_scale={sm_scale}" if sm_scale is not None else "")
                        + ("" if out_layout == "contiguous" else f", O {out_layout}"))
-    hint = ff._hints(_hint(q, k, v, causal, scale, kind, blocks),
+    hint = join_hints(_hint(q, k, v, causal, scale, kind, blocks),
                      out_layout != "contiguous" and f"O is a {out_layout} view here: store "
                      "through O's own strides.")
     mistakes = _mistakes(q, k, v, blocks, scale, causal)
@@ -494,7 +494,7 @@ def case_wrapper(fn, kernel, q, k, v, *, causal=False, sm_scale=None, blocks=Non
              + (f"{dtype_name(lse.dtype)} {list(lse.shape)}" if isinstance(lse, torch.Tensor)
                 else type(lse).__name__))
     _check_result(out, lse, q, k, v, name=name, causal=causal, scale=scale, kind=kind,
-                  mistakes=mistakes, hint=ff._hints(hint, sm_scale is not None and f"sm_scale={sm_scale} is given "
+                  mistakes=mistakes, hint=join_hints(hint, sm_scale is not None and f"sm_scale={sm_scale} is given "
                                  "here: use it instead of 1/sqrt(D)."), quiet=quiet)
 
 

@@ -28,8 +28,8 @@ from course import recorded
 from course.recorded import answer
 from course.testing import check_choice  # noqa: F401  (the question's test cell)
 from course.testing import (Guarded, assert_close, assert_not_trivial, check_rejects, dtype_name,
-                            fail, guarded_input, guarded_output, hinted, randn, tolerance,
-                            watched_call)
+                            fail, guarded_input, guarded_output, hinted, join_hints, randn,
+                            tolerance, watched_call)
 
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)  # bf16 only on a GPU (hidden tests)
 # The kernels take q, k and v through their strides but read each row's head dim as one
@@ -87,10 +87,6 @@ def _tolerance(dtype, size):
     gradient, the largest of the terms each entry sums, which may cancel)."""
     atol, rtol = tolerance(dtype, DEVICE)
     return atol * max(1.0, size), rtol
-
-
-def _hints(*hints):
-    return " ".join(h for h in hints if h) or None
 
 
 # ---------------------------------------------------------------------------------------
@@ -314,7 +310,7 @@ def case_reference(fn, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False, sm_sc
             fail(f"{name}: {label} is {dtype_name(g.dtype)}; the reference computes and returns "
                  "float64 (convert the inputs with .double() first)")
     compare_grads(grads, q, k, v, do, name=name, causal=causal, scale=scale, dtype=dtype,
-                  hint=_hints(_kind_hint(kind), sm_scale is not None and f"sm_scale="
+                  hint=join_hints(_kind_hint(kind), sm_scale is not None and f"sm_scale="
                               f"{sm_scale} is given here: use it instead of 1/sqrt(D)"),
                   quiet=quiet)
 
@@ -375,7 +371,7 @@ def kernel_inputs(B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal, scale, kind="ran
 
 
 def _kernel_hint(q, k, v, D, blocks, layouts_hint=True):
-    return _hints(
+    return join_hints(
         blocks[0] != blocks[1] and f"the blocks differ here (BLOCK_M={blocks[0]} query rows, "
         f"BLOCK_N={blocks[1]} keys)",
         D != block_d(D) and f"D = {D} is not a power of two: BLOCK_D = {block_d(D)}, and the "
@@ -416,7 +412,7 @@ def case_preprocess(kernel, B, H, Nq, D, dtype, *, seed, block_m=32, kind="rando
     o, do = guarded_input(o, margin=MARGIN), guarded_input(do, margin=MARGIN)
     name = (f"bwd_preprocess_kernel({dtype_name(dtype)}{'' if kind == 'random' else ' ' + kind}, "
             f"O and dO {tuple(o.shape)}, BLOCK_M={block_m})")
-    hint = _hints(D != block_d(D) and f"D = {D} is not a power of two: BLOCK_D = {block_d(D)}, "
+    hint = join_hints(D != block_d(D) and f"D = {D} is not a power of two: BLOCK_D = {block_d(D)}, "
                   "and the lanes past HEAD_DIM must be masked", Nq % block_m and
                   f"Nq = {Nq} is not a multiple of BLOCK_M: mask the rows of the last block",
                   _kind_hint(kind))
@@ -465,7 +461,7 @@ def case_dkdv(kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False, sm_sca
                                                scale=scale, kind=kind, layouts=layouts)
     name = _launch_name("bwd_dkdv_kernel", q, k, v, causal, kind, sm_scale, blocks,
                         extra=", FUSED_DQ=True" if fused else "")
-    hint = _hints(_kind_hint(kind), _kernel_hint(q, k, v, D, blocks),
+    hint = join_hints(_kind_hint(kind), _kernel_hint(q, k, v, D, blocks),
                   H != Hkv and f"GROUP = {H // Hkv} query heads share each K/V head here")
     start = torch.zeros(q.shape, device=DEVICE) if dq_start is None else dq_start.to(DEVICE, F32)
     with hinted(hint), \
@@ -509,7 +505,7 @@ def case_dq(kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False, sm_scale
                                            scale=scale, kind=kind, layouts=layouts)
     expected = expected_delta(q, k, v, do, causal, scale)
     name = _launch_name("bwd_dq_kernel", q, k, v, causal, kind, sm_scale, blocks)
-    hint = _hints(_kind_hint(kind), _kernel_hint(q, k, v, D, blocks),
+    hint = join_hints(_kind_hint(kind), _kernel_hint(q, k, v, D, blocks),
                   H != Hkv and f"query head h reads K/V head h // GROUP (GROUP = {H // Hkv} here)")
     with hinted(hint), \
             guarded_output(q.shape, dtype, DEVICE, name=f"DQ of {name}", margin=MARGIN) as dq, \
@@ -710,7 +706,7 @@ def case_wrapper(fn, kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False,
                  f"dtype ({dtype_name(like.dtype)})"
                  + (": the fp32 dQ buffer of the fused path is converted at the end" if converted else ""))
     compare_grads(grads, q, k, v, do, name=name, causal=causal, scale=scale, quiet=quiet,
-                  hint=_hints(_kind_hint(kind), sm_scale is not None and f"sm_scale={sm_scale} "
+                  hint=join_hints(_kind_hint(kind), sm_scale is not None and f"sm_scale={sm_scale} "
                               "is given here: use it instead of 1/sqrt(D)", fused and
                               "fused=True: the dQ buffer is fp32 zeros, filled by the atomic adds"))
 
@@ -769,7 +765,7 @@ def case_function(fn, kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False
     assert_close(lse, expected_lse, name=f"lse of {name}", atol=2e-3, rtol=1e-4, quiet=True,
                  dim_names=("batch", "head", "query"))
     compare_grads(grads, q, k, v, do, name=name, causal=causal, scale=scale, quiet=quiet,
-                  hint=_hints(_kind_hint(kind), sm_scale is not None and f"sm_scale={sm_scale} "
+                  hint=join_hints(_kind_hint(kind), sm_scale is not None and f"sm_scale={sm_scale} "
                               "is given here: save it on ctx and pass it to flash_backward",
                               "backward gets do and returns one gradient per input of forward: dq, "
                               "dk, dv, then None for causal, sm_scale and fused, saved on ctx in "

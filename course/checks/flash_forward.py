@@ -17,7 +17,8 @@ from course.gpu_compile import compile_for_gpu
 from course.recorded import answer, matches
 from course.testing import (assert_close, assert_not_trivial, check_choice,  # noqa: F401
                             check_rejects, dtype_name, explain_nan_from_guards, fail,
-                            guarded_input, guarded_output, randn, tolerance, watched_call, hinted)
+                            guarded_input, guarded_output, randn, tolerance, watched_call, hinted,
+                            join_hints)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -288,10 +289,6 @@ def _matches(out, mistakes):
     return any(matches(a, wrong, atol, rtol) for wrong in mistakes.values())
 
 
-def _hints(*hints):
-    return " ".join(h for h in hints if h) or None
-
-
 def _kind_hint(kind, dtype, Nk, D, scale):
     if kind == "extreme":
         shift = EXTREME_SHIFT[dtype] ** 2
@@ -325,7 +322,7 @@ def _check_result(out, lse, q, k, v, *, name, causal, scale, kind, mistakes, hin
     mistakes (_mistakes: those of O, those of LSE)."""
     expected, expected_lse = reference(q, k, v, causal, scale)
     mistakes, lse_mistakes = mistakes
-    hint = _hints(_kind_hint(kind, q.dtype, k.shape[2], q.shape[-1], scale), hint,
+    hint = join_hints(_kind_hint(kind, q.dtype, k.shape[2], q.shape[-1], scale), hint,
                   _views_hint({"q": q, "k": k, "v": v}))
     if not isinstance(out, torch.Tensor):
         fail(f"{name} should give O as a torch.Tensor, got {type(out).__name__}")
@@ -433,7 +430,7 @@ def case_kernel(kernel, q, k, v, *, causal=False, sm_scale=None, blocks=(32, 32)
                  extra=f", BLOCK_Q={block_q}, BLOCK_K={block_k}"
                        + (f", sm_scale={sm_scale}" if sm_scale is not None else "")
                        + ("" if out_layout == "contiguous" else f", O {out_layout}"))
-    hint = _hints(
+    hint = join_hints(
         block_q != block_k and f"the blocks differ here (BLOCK_Q={block_q}, BLOCK_K={block_k}): "
         "query rows step by BLOCK_Q, keys by BLOCK_K",
         out_layout != "contiguous" and f"O is a {out_layout} view here: store O[b, h, n, d] at "

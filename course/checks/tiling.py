@@ -12,7 +12,7 @@ from course.recorded import answer
 from course.testing import (assert_close, assert_not_trivial,
                             check_rejects, dtype_name, explain_nan_from_guards, fail,
                             guarded_input, guarded_output, randn, run_wrapper, tolerance,
-                            watched_call, hinted)
+                            watched_call, hinted, join_hints)
 
 BLOCK = 32          # block sizes the checks launch a learner's matmul_kernel with
 ROW_COL = ("row", "col")
@@ -247,10 +247,6 @@ def output_in_layout(shape, dtype, layout, *, name):
             yield out
 
 
-def _hints(*hints):
-    return " ".join(h for h in hints if h) or None
-
-
 def _explain_nan(out, *, name, kind, hint=None):
     """NaN in an output means a load read past a guarded input, except with cancelling
     inputs, where an fp16 accumulator makes NaN of its own (inf - inf): assert_close then
@@ -285,13 +281,13 @@ def case_matmul_kernel(kernel, a, b, *, name, kind="random", out_layout="contigu
         "n * stride_cn, with the strides you are given")
     views_hint = _views_hint({"a": a, "b": b}, "A[m, k] is at a_ptr + m * stride_am + "
                              "k * stride_ak and B[k, n] at b_ptr + k * stride_bk + n * stride_bn")
-    with hinted(_hints(layout_hint, blocks_hint)):
+    with hinted(join_hints(layout_hint, blocks_hint)):
         with output_in_layout((M, N), a.dtype, out_layout, name=f"the output of {name}") as out:
             kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
                 a, b, out, M, N, K, *a.stride(), *b.stride(), *out.stride(),
                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     _explain_nan(out, name=name, kind=kind, hint=views_hint)
-    hint = _hints(_kind_hint(kind, a.dtype, K), blocks_hint, views_hint, layout_hint)
+    hint = join_hints(_kind_hint(kind, a.dtype, K), blocks_hint, views_hint, layout_hint)
     mistakes = _stride_mistakes(a, b, lambda x, y: x @ y,
                                 "A[m, k] is at a_ptr + m * stride_am + k * stride_ak",
                                 "B[k, n] is at b_ptr + k * stride_bk + n * stride_bn")
@@ -358,7 +354,7 @@ def case_matmul(matmul, kernel, a, b, *, name, kind="random", quiet=False):
                       before_launch=_grid_is(grid, name))
     _explain_nan(out, name=name, kind=kind)
     assert_close(out, expected, name=name, dim_names=ROW_COL, quiet=quiet,
-                 hint=_hints(_kind_hint(kind, a.dtype, K),
+                 hint=join_hints(_kind_hint(kind, a.dtype, K),
                              _views_hint({"a": a, "b": b}, "pass a.stride() and b.stride()")),
                  atol=_atol(kind, a.dtype),
                  mistakes=_stride_mistakes(a, b, lambda x, y: x @ y, "pass a.stride() to the kernel",
@@ -440,7 +436,7 @@ def case_strided(fn, kernel, a, b, b_transposed, *, name, kind="random", quiet=F
         "pass every stride of a to the kernel (a.stride()), the row and column strides included",
         "pass every stride of b to the kernel (b.stride()), the row and column strides included")
     assert_close(out, expected, name=name, dim_names=BHMN, quiet=quiet, mistakes=mistakes,
-                 hint=_hints(_kind_hint(kind, a.dtype, K), _views_hint(
+                 hint=join_hints(_kind_hint(kind, a.dtype, K), _views_hint(
                      {"a": a, "b": b}, "pass all four strides of a and of b (x.stride())")),
                  atol=_atol(kind, a.dtype))
     assert_not_trivial(out, name=name)
@@ -498,7 +494,7 @@ def case_ptrs(fn, kernel, a_list, b_list, b_transposed, *, name, kind="random", 
     tallest = max(x.shape[0] for x in a_list)
     views = [f"{which}_list[{i}]" for which, ts in (("a", a_list), ("b", b_list))
              for i, t in enumerate(ts) if not t.is_contiguous()]
-    hint = _hints(_kind_hint(kind, a_list[0].dtype, max(x.shape[1] for x in a_list)), views and
+    hint = join_hints(_kind_hint(kind, a_list[0].dtype, max(x.shape[1] for x in a_list)), views and
                   f"{', '.join(views)} are non-contiguous views here (transposed, or slices of "
                   "longer rows): the kernel reads every matrix as contiguous rows, so the "
                   "wrapper must put the addresses of .contiguous() copies in the table")
