@@ -74,6 +74,14 @@ def signatures(outputs, right) -> dict:
                   "values": flat[key][sorted(at[key])].tolist()} for key in keys}
 
 
+def telling(outputs, right) -> dict:
+    """signatures() of the outputs that differ from the right one, None for those equal to
+    it (a signature of the right values would name the mistake for any right output)."""
+    differ = {key: wrong for key, wrong in outputs.items() if not torch.equal(wrong, right)}
+    found = signatures(differ, right) if differ else {}
+    return {key: found.get(key) for key in outputs}
+
+
 def lessons() -> list:
     """The lessons whose checks ask for recorded answers."""
     return [name for name in paths.lesson_names() if (paths.LESSONS / name / "answers.py").exists()]

@@ -32,11 +32,74 @@ def _close(a, b):
     return a == b
 
 
+# A check names the first classic mistake whose signature an output matches, with the
+# check's tolerance: fp16's, fp32's, and tighter.
+TOLERANCES = ((1e-2, 1e-2), (1e-4, 1e-4), (1e-6, 1e-6))
+
+
+def _capture_signatures(lesson, monkeypatch):
+    """Make every signature the lesson's answers record land in the returned list: one
+    list per answer asked, of (output, signature, right output), all float64."""
+    calls = []
+    module = answer_key.answers_of(lesson)
+
+    def keep(wrong, sig, right):
+        wrong = torch.as_tensor(wrong).detach().to("cpu", torch.float64)
+        right = torch.as_tensor(right).detach().to("cpu", torch.float64).expand_as(wrong)
+        calls[-1].append((wrong, sig, right))
+
+    def single(wrong, right, _original=answer_key.signature):
+        sig = _original(wrong, right)
+        keep(wrong, sig, right)
+        return sig
+
+    def several(outputs, right, _original=answer_key.signatures):
+        found = _original(outputs, right)
+        for key, wrong in outputs.items():
+            keep(wrong, found[key], right)
+        return found
+
+    def resolve(topic, name, _original=answer_key.resolve):
+        compute = _original(topic, name)
+
+        def call(*args):
+            calls.append([])
+            return compute(*args)
+        return call
+    monkeypatch.setattr(answer_key, "resolve", resolve)
+    monkeypatch.setattr(answer_key, "signatures", several)  # (telling() calls it)
+    for name, replacement in (("signature", single), ("signatures", several)):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, replacement)
+    return calls
+
+
+def _misnamed(calls):
+    """(output shape, tolerance) of each mistake whose output matches another mistake's
+    signature, made against the same right output, although the two outputs differ."""
+    found = []
+    for kept in calls:
+        for wrong, _, right in kept:
+            for other, sig, other_right in kept:
+                if other is wrong or other.shape != wrong.shape or not torch.equal(
+                        right.nan_to_num(0.5), other_right.nan_to_num(0.5)):
+                    continue
+                found += [(tuple(wrong.shape), tol) for tol in TOLERANCES
+                          if recorded.matches(wrong, sig, *tol)
+                          and not torch.allclose(wrong, other, *reversed(tol), equal_nan=True)]
+    return found
+
+
 @pytest.mark.parametrize("lesson", answer_key.lessons())
-def test_recorded_answers_equal_a_fresh_recording(lesson):
+def test_recorded_answers_equal_a_fresh_recording(lesson, monkeypatch):
+    """...and in the fresh recording no classic mistake's output matches another's
+    signature (the check would name the wrong mistake)."""
     committed = recorded.FOLDER / f"{paths.topic_of(lesson)}.json"
     assert committed.exists(), f"{committed} is missing: run `python -m grader build {lesson}`"
+    calls = _capture_signatures(lesson, monkeypatch)
     committed, fresh = json.loads(committed.read_text()), answer_key.record(lesson)
+    misnamed = _misnamed(calls)
+    assert not misnamed, f"{len(misnamed)} mistakes would be named as another, e.g. {misnamed[:5]}"
     stale = f"course/recorded/{paths.topic_of(lesson)}.json is stale: run `python -m grader build {lesson}`"
     assert sorted(committed) == sorted(fresh), stale
     prints = fresh.get(recorded.FINGERPRINTS, {}), committed.get(recorded.FINGERPRINTS, {})

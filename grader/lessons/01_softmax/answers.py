@@ -2,7 +2,7 @@
 the classic mistakes, as signatures, by which a failing check names the slip."""
 import torch
 
-from grader.answer_key import signature
+from grader.answer_key import signatures
 
 CHECKS = ("check_softmax_naive", "check_softmax_stable", "check_online_softmax",
           "check_softmax_kernel", "check_softmax")
@@ -12,13 +12,21 @@ def _softmax(x, dim):
     return torch.softmax(x.to(torch.float64), dim=dim)
 
 
+def _told_apart(outputs, right):
+    """The outputs' signatures, in order, each telling its mistake from the others."""
+    return list(signatures(dict(enumerate(outputs)), right).values())
+
+
+def _max_outputs(x, dim):
+    x32 = x.float()
+    e, shifted = torch.exp(x32), torch.exp(x32 - x32.max())
+    return [e / e.sum(dim=dim, keepdim=True), shifted / shifted.sum(dim=dim, keepdim=True)]
+
+
 def max_mistakes(x, dim):
     """No max subtracted; the max of the whole tensor subtracted (in float32, as the
     learner's code would)."""
-    x32 = x.float()
-    e, shifted = torch.exp(x32), torch.exp(x32 - x32.max())
-    return [signature(e / e.sum(dim=dim, keepdim=True), _softmax(x, dim)),
-            signature(shifted / shifted.sum(dim=dim, keepdim=True), _softmax(x, dim))]
+    return _told_apart(_max_outputs(x, dim), _softmax(x, dim))
 
 
 def _online(x, block_size, *, max_first=False, start=float("-inf")):
@@ -34,8 +42,8 @@ def _online(x, block_size, *, max_first=False, start=float("-inf")):
 
 def online_mistakes(x, block_size):
     """The max replaced before the sum is rescaled; the running max started at 0."""
-    return [signature(_online(x, block_size, max_first=True), _softmax(x, -1)),
-            signature(_online(x, block_size, start=0.0), _softmax(x, -1))]
+    return _told_apart([_online(x, block_size, max_first=True), _online(x, block_size, start=0.0)],
+                       _softmax(x, -1))
 
 
 def kernel_mistakes(x):
@@ -44,9 +52,8 @@ def kernel_mistakes(x):
     n_rows, n_cols = x.shape
     block = 1 << max(n_cols - 1, 0).bit_length()
     padded = torch.cat([x.double(), x.new_zeros(n_rows, block - n_cols).double()], dim=1)
-    right = _softmax(x, -1)
-    mistakes = [signature(torch.softmax(padded, -1)[:, :n_cols], right), *max_mistakes(x, -1)]
+    outputs = [torch.softmax(padded, -1)[:, :n_cols], *_max_outputs(x, -1)]
     if x.dtype != torch.float32:
         e = torch.exp(x.float() - x.float().amax(-1, keepdim=True)).to(x.dtype)
-        mistakes.append(signature(e.double() / e.double().sum(-1, keepdim=True).to(x.dtype).double(), right))
-    return mistakes
+        outputs.append(e.double() / e.double().sum(-1, keepdim=True).to(x.dtype).double())
+    return _told_apart(outputs, _softmax(x, -1))

@@ -6,16 +6,10 @@ import torch
 import triton
 
 from course.checks.masking import NEG_INF, masked_reference, visible_keys
-from grader.answer_key import signature
+from grader.answer_key import telling
 from solutions.masking import safe_softmax
 
 CHECKS = ("check_safe_softmax", "check_masked_softmax_kernel", "check_masked_softmax")
-
-
-def _telling(wrong, right):
-    """wrong's signature, or None where the mistake leaves the output as it is (a signature
-    of the right values would name the mistake for any output right there)."""
-    return None if torch.equal(wrong, right) else signature(wrong, right)
 
 
 def safe_softmax_mistakes(scores, dim):
@@ -23,8 +17,9 @@ def safe_softmax_mistakes(scores, dim):
     there, not zeroed after the softmax)."""
     right = safe_softmax(scores.double(), dim)
     blocked = torch.isneginf(scores).all(dim, keepdim=True)
-    return [_telling(torch.softmax(scores.double(), dim=dim), right),
-            _telling(torch.softmax(scores.double().masked_fill(blocked, 0.0), dim=dim), right)]
+    return list(telling({"nan": torch.softmax(scores.double(), dim=dim),
+                         "uniform": torch.softmax(scores.double().masked_fill(blocked, 0.0), dim=dim)},
+                        right).values())
 
 
 def kernel_mistakes(scores, causal, lengths):
@@ -60,4 +55,4 @@ def kernel_mistakes(scores, causal, lengths):
         total = e.sum(-1, keepdim=True).to(x.dtype).double()
         wrong["half_sum"] = e / total.masked_fill(total == 0, 1.0)
     right = masked_reference(x, visible).reshape(scores.shape)
-    return {name: _telling(w.to(torch.float64).reshape(scores.shape), right) for name, w in wrong.items()}
+    return telling({name: w.to(torch.float64).reshape(scores.shape) for name, w in wrong.items()}, right)

@@ -8,19 +8,13 @@ import torch
 
 from course.checks.flash_backward import (GPU_CASES, _expand, _f64, _scale, _scores, backward_values,
                                           forward64, preprocess_values)
-from grader.answer_key import signature
+from grader.answer_key import telling
 from solutions.flash_backward import softmax_backward
 from solutions.flash_forward import LOG2E
 
 CHECKS = ("check_softmax_backward", "check_attention_backward_reference", "check_bwd_preprocess_kernel",
           "check_bwd_dkdv_kernel", "check_bwd_dq_kernel", "check_accumulate_dq", "check_flash_backward",
           "check_flash_attention_function")
-
-
-def _telling(wrong, right):
-    """wrong's signature, or None where the mistake leaves this output as it is (a
-    signature of the right values would name the mistake for any output right there)."""
-    return None if torch.equal(wrong, right) else signature(wrong, right)
 
 
 def softmax_mistakes(p, dp, dim):
@@ -32,7 +26,7 @@ def softmax_mistakes(p, dp, dim):
              p * (dp - p * dp)]
     wrong += [p * (dp - (p * dp).sum(other, keepdim=True))
               for other in range(p.dim()) if other != dim % p.dim()]
-    return [_telling(w, right) for w in wrong]
+    return list(telling(dict(enumerate(wrong)), right).values())
 
 
 class _Formulas:
@@ -108,12 +102,10 @@ def grad_mistakes(q, k, v, do, causal, scale, which):
     switches = mistake_switches(causal, q.shape[1] != k.shape[1], scale)
     formulas = _Formulas(q, k, v, do, causal, scale)
     right = formulas.grads()
-    found = {}
-    for name, switch in switches.items():
-        wrong = formulas.grads(**switch)
-        found[name] = [_telling(w, r) if label in which else None
-                       for label, w, r in zip("qkv", wrong, right)]
-    return found
+    wrong = {name: formulas.grads(**switch) for name, switch in switches.items()}
+    told = [telling({name: grads[i] for name, grads in wrong.items()}, right[i]) if label in which else {}
+            for i, label in enumerate("qkv")]
+    return {name: [told[i].get(name) for i in range(3)] for name in wrong}
 
 
 def delta(q, k, v, do, causal, scale):

@@ -14,7 +14,7 @@ from course.checks.attention_patterns import (
     GPU_BLOCK_SIZES, KERNEL_GPU_CASES, LN2, PROJECTION_GPU_CASES, ROPE_GPU_CASES, ROPE_KERNEL_GPU_CASES,
     WRAPPER_CASES, WRAPPER_GPU_CASES, _pattern, block_d, blocks_run_asked, pattern_questions,
     pattern_values, rope_values)
-from grader.answer_key import signature
+from grader.answer_key import telling
 from solutions import attention_patterns as key
 
 CHECKS = ("check_qkv_projection", "check_rope", "check_rope_kernel", "check_alibi_slopes",
@@ -38,7 +38,7 @@ def _listed(t, dtype):
 def _telling(found, right):
     """{mistake: signature} of the outputs that differ from the right one (a signature of
     the right values would name the mistake for any output that is right there)."""
-    return {name: signature(wrong, right) for name, wrong in found.items() if not torch.equal(wrong, right)}
+    return {name: told for name, told in telling(found, right).items() if told is not None}
 
 
 # ---------------------------------------------------------------------------------------
