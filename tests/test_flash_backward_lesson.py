@@ -14,10 +14,10 @@ import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is i
 import pytest
 import torch
 
-from course import DEVICE, INTERPRET, recorded
+from course import DEVICE, INTERPRET, recorded, rules
 from course.checks import flash_backward as checks
 from course.testing import CheckFailed, assert_close, randn
-from grader import answer_key, paths, rules
+from grader import answer_key, paths
 from solutions import flash_backward as fb
 from solutions.naive_attention import attention_reference, attention_scores
 from tests import submissions as subs
@@ -218,7 +218,7 @@ def test_the_answer_keys_fused_kernel_adds_dq_atomically():
 
 
 def test_the_atomic_rule_reads_the_submitted_notebook():
-    rule = answer_key.hidden(LESSON).AtomicDQ()
+    rule = checks.AtomicDQ()
 
     def problems(nb):
         cells = [rules.Cell(f"cell {i}", c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]

@@ -3,6 +3,7 @@ one): a wrong launch grid gives a message and the kernel lives; a failed check s
 message first, in a few lines, not a traceback through course/; an unfilled notebook,
 run top to bottom, says "Not written yet" wherever an exercise is missing and draws
 nothing half."""
+import importlib
 import os
 
 import nbclient
@@ -89,3 +90,35 @@ def test_an_unfilled_notebook_says_fill_in_first_and_draws_nothing_half(lesson):
     points = sum(c.metadata["nbgrader"]["points"] for c in nb.cells
                  if c.metadata.get("nbgrader", {}).get("grade"))
     assert f"0 of {points} points pass" in table and table.count("not written yet") >= 1, table
+
+
+# Catalog bugs whose numbers are right but whose code breaks a rule of the test cell
+# (course/rules.py): the grader reads the code, so the visible check must read it too.
+RULE_BUGS = {"01_softmax": ("wrapper_computes_with_torch", "test_softmax"),
+             "02_masking": ("wrapper_masks_with_torch", "test_masked_softmax")}
+
+
+@pytest.mark.parametrize("lesson", RULE_BUGS)
+def test_a_rule_the_grader_reads_fails_the_visible_check_too(lesson):
+    name, test_cell = RULE_BUGS[lesson]
+    bug = subs.bugs_of(lesson)[name]
+    nb = _run(subs.with_bug(lesson, bug), lesson)
+    errors = _errors(_cell(nb, test_cell))
+    assert errors and bug.says in errors[0].evalue and "reads your code" in errors[0].evalue, \
+        [o.get("text", o.get("evalue")) for o in _cell(nb, test_cell).outputs]
+    table = "".join(o.get("text", "") for o in _cell(nb, "progress").outputs)
+    assert f"{bug.exercise} " in table and "fails" in table, table
+
+
+def test_every_test_cells_rules_run_in_its_visible_check():
+    """The grader's rules of a test cell are its visible check's RULES, and that check
+    (check_X for test_X) applies them."""
+    for lesson in paths.lesson_names():
+        rules = getattr(paths.lesson_file(lesson, "hidden"), "RULES", {})
+        if not rules:
+            continue
+        checks = importlib.import_module(f"course.checks.{paths.topic_of(lesson)}")
+        assert rules is checks.RULES, lesson
+        for cell in rules:
+            check = getattr(checks, "check_" + cell.removeprefix("test_"))
+            assert getattr(check, "__wrapped__", None), f"{lesson}: check_{cell[5:]} does not apply {cell}'s rules"

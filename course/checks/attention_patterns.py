@@ -30,6 +30,22 @@ from course.recorded import answer, matches
 from course.testing import (assert_close, assert_not_trivial, check_choice, check_rejects,  # noqa: F401
                             dtype_name, fail, guarded_input, guarded_output, hinted, join_hints,
                             randn, tolerance, watched_call)
+from course.rules import FORBIDDEN_NAMES, Avoids, JitKernel, Launches, checked
+
+# Checked on the submitted code (course/rules.py): the worker's launch count and forbidden
+# functions are only as honest as the notebook lets them be.
+RULES = {
+    "test_qkv_projection": [
+        Avoids("qkv_projection", ("cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack"),
+               "q, k and v come from one product, split with views: nothing is concatenated")],
+    "test_rope_kernel": [JitKernel("rope_tile"), JitKernel("rope_kernel")],
+    "test_pattern_attention_kernel": [JitKernel("pattern_attention_kernel")],
+    "test_pattern_attention": [
+        Launches("pattern_attention", "pattern_attention_kernel", forbid="softmax"),
+        Launches("pattern_attention", "pattern_attention_kernel", forbid="matmul")],
+}
+assert "scaled_dot_product_attention" in FORBIDDEN_NAMES["softmax"]  # attention is forbidden too
+
 
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)
 F64 = torch.float64
@@ -136,6 +152,7 @@ PROJECTION_GPU_CASES = [  # ((B, N, C, heads, kv_heads, D, dtype), options), on 
     ((2, 100, 256, 16, 4, 64, BF16), dict(seed=6, layouts=("transposed", "contiguous")))]
 
 
+@checked(RULES)
 def check_qkv_projection(qkv_projection):
     def case(*args, **kwargs):
         case_projection_random(qkv_projection, *args, **kwargs)
@@ -284,6 +301,7 @@ ROPE_KERNEL_GPU_CASES = [  # ((B, H, N, D, dtype), options of case_rope_kernel_r
     ((1, 2, 80, 128, BF16), dict(seed=6, offset=3000, block_n=64, layout="bnhd"))]  # (recorded too)
 
 
+@checked(RULES)
 def check_rope_kernel(rope_kernel):
     def case(*args, **kwargs):
         case_rope_kernel_random(rope_kernel, *args, **kwargs)
@@ -653,6 +671,7 @@ KERNEL_GPU_CASES = [  # the same, on a GPU only (small enough for answers.py to 
 ]
 
 
+@checked(RULES)
 def check_pattern_attention_kernel(pattern_attention_kernel):
     for shape, options in KERNEL_CASES + ([] if INTERPRET else KERNEL_GPU_CASES):
         case_pattern_kernel_random(pattern_attention_kernel, *shape, **options)
@@ -758,6 +777,7 @@ WRAPPER_GPU_CASES = [  # the same, on a GPU only (two query blocks of the GPU's 
 GPU_BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
+@checked(RULES)
 def check_pattern_attention(pattern_attention, pattern_attention_kernel):
     for shape, options in WRAPPER_CASES + ([] if INTERPRET else WRAPPER_GPU_CASES):
         case_pattern_wrapper_random(pattern_attention, pattern_attention_kernel, *shape, **options)

@@ -24,6 +24,23 @@ from course.gpu_compile import compile_for_gpu
 from course.recorded import answer
 from course.testing import (assert_close, assert_not_trivial, check_choice, check_rejects,  # noqa: F401
                             dtype_name, fail, guarded_input, hinted, join_hints, watched_call)
+from course.rules import Avoids, JitKernel, Launches, checked
+
+# What a wrapper that copies its inputs would name (the kernel reads any layout, and K/V
+# heads through GROUP).
+COPIES = ("contiguous", "clone", "reshape", "repeat", "repeat_interleave", "to", "copy_")
+
+# Checked on the submitted code (course/rules.py): the worker's launch count and forbidden
+# functions are only as honest as the notebook lets them be.
+RULES = {
+    "test_attention_kernel": [JitKernel("attention_kernel"), JitKernel("attend_kv_blocks")],
+    "test_attention": [
+        Launches("attention", "attention_kernel", forbid="softmax"),
+        Launches("attention", "attention_kernel", forbid="matmul"),
+        Avoids("attention", COPIES, "the wrapper copies nothing: the kernel reads any layout "
+               "through the strides, and K/V heads through GROUP")],
+}
+
 
 BHND, BHN = ff.BHND, ff.BHN
 # Memory layouts of inputs: module 05's, plus "padded": every head's keys followed by NaN
@@ -424,6 +441,7 @@ KERNEL_GPU_CASES = [((2, 8, 2, 300, 517, 128, BF16), dict(seed=12, causal=True, 
                     ((1, 4, 4, 517, 300, 96, F16), dict(seed=13, causal=True, blocks=(64, 32)))]
 
 
+@checked(RULES)
 def check_attention_kernel(attention_kernel):
     case = functools.partial(case_kernel_random, attention_kernel)
     # (B, H, Hkv, Nq, Nk, D, dtype)
@@ -544,6 +562,7 @@ ATTENTION_CASES = [
 ATTENTION_GPU_CASES = [((2, 8, 2, 777, 1025, 128, BF16), dict(seed=8, causal=True, layouts=("bnhd",) * 3))]
 
 
+@checked(RULES)
 def check_attention(attention, attention_kernel):
     case = functools.partial(case_wrapper_random, attention, attention_kernel)
     for shape, options in ATTENTION_CASES + pick([], ATTENTION_GPU_CASES):

@@ -30,6 +30,44 @@ from course.testing import check_choice  # noqa: F401  (the question's test cell
 from course.testing import (Guarded, assert_close, assert_not_trivial, check_rejects, dtype_name,
                             fail, guarded_input, guarded_output, hinted, join_hints, randn,
                             tolerance, watched_call)
+from course.rules import FORBIDDEN_NAMES, Avoids, JitKernel, Launches, checked
+
+# Read off the notebook's code (course/rules.py), by these checks and by the grader: what
+# no run shows (autograd used, a kernel defined twice, a store racing where an atomic add
+# belongs).
+AUTOGRAD = ("autograd", "backward", "grad", "requires_grad", "requires_grad_", "vjp", "jvp",
+            "jacobian")
+NO_AUTOGRAD = "derive the gradient by hand, as the lesson does: no autograd"
+
+
+class AtomicDQ:
+    """Every write through a pointer computed from bwd_dkdv_kernel's DQ (followed through
+    assignments and into the functions it is passed to) is tl.atomic_add, and there is one:
+    the interpreter runs programs one after another, so no run shows the race of a store."""
+
+    def problems(self, defs):
+        functions = {name: places[-1][1] for name, places in defs.items()
+                     if isinstance(places[-1][1], ast.FunctionDef)}
+        return dq_write_problems(functions)
+
+
+RULES = {
+    "test_softmax_backward": [Avoids("softmax_backward", AUTOGRAD, NO_AUTOGRAD)],
+    "test_attention_backward_reference": [Avoids("attention_backward_reference", AUTOGRAD, NO_AUTOGRAD)],
+    "test_bwd_preprocess_kernel": [JitKernel("bwd_preprocess_kernel"), JitKernel("_row_delta")],
+    "test_bwd_dkdv_kernel": [JitKernel("bwd_dkdv_kernel"), JitKernel("_dkdv_q_blocks")],
+    "test_bwd_dq_kernel": [JitKernel("bwd_dq_kernel"), JitKernel("_dq_kv_blocks")],
+    "test_accumulate_dq": [JitKernel("bwd_dkdv_kernel"), JitKernel("_accumulate_dq"), AtomicDQ()],
+    "test_flash_backward": [
+        Launches("flash_backward", "bwd_dkdv_kernel", forbid="matmul"),
+        Launches("flash_backward", "bwd_dq_kernel", forbid="softmax"),
+        Launches("flash_backward", "bwd_preprocess_kernel", forbid="attention")],
+    "test_flash_attention_function": [
+        Launches("autograd_forward", "flash_attention_kernel", forbid="matmul"),
+        Launches("autograd_backward", "bwd_dkdv_kernel", forbid="matmul"),
+        Avoids("attention_gradients", tuple(sorted(FORBIDDEN_NAMES["softmax"] | {"attention_reference"})),
+               "one step through FlashAttentionFunction.apply: the gradients come from your kernels")],
+}
 
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)  # bf16 only on a GPU (hidden tests)
 # The kernels take q, k and v through their strides but read each row's head dim as one
@@ -153,6 +191,7 @@ def case_softmax_backward(fn, shape, dim, dtype, *, seed, kind="random", layout=
              f"({dtype_name(p.dtype)}), after computing it in fp32")
 
 
+@checked(RULES)
 def check_softmax_backward(softmax_backward):
     def case(*args, **kwargs):
         case_softmax_backward(softmax_backward, *args, **kwargs)
@@ -315,6 +354,7 @@ def case_reference(fn, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False, sm_sc
                   quiet=quiet)
 
 
+@checked(RULES)
 def check_attention_backward_reference(attention_backward_reference):
     def case(*args, **kwargs):
         case_reference(attention_backward_reference, *args, **kwargs)
@@ -427,6 +467,7 @@ def case_preprocess(kernel, B, H, Nq, D, dtype, *, seed, block_m=32, kind="rando
     assert_not_trivial(delta, name=f"DELTA of {name}")
 
 
+@checked(RULES)
 def check_bwd_preprocess_kernel(bwd_preprocess_kernel):
     def case(*args, **kwargs):
         case_preprocess(bwd_preprocess_kernel, *args, **kwargs)
@@ -480,6 +521,7 @@ def case_dkdv(kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False, sm_sca
             fail(f"{name}: {label} is {dtype_name(g.dtype)}, expected k's dtype")
 
 
+@checked(RULES)
 def check_bwd_dkdv_kernel(bwd_dkdv_kernel):
     def case(*args, **kwargs):
         case_dkdv(bwd_dkdv_kernel, *args, **kwargs)
@@ -525,6 +567,7 @@ def case_dq(kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False, sm_scale
         fail(f"{name}: DQ is {dtype_name(dq.dtype)}, expected q's dtype")
 
 
+@checked(RULES)
 def check_bwd_dq_kernel(bwd_dq_kernel):
     def case(*args, **kwargs):
         case_dq(bwd_dq_kernel, *args, **kwargs)
@@ -638,6 +681,7 @@ def check_atomic_dq(kernel):
     print("ok  every write into DQ is tl.atomic_add")
 
 
+@checked(RULES)
 def check_accumulate_dq(bwd_dkdv_kernel):
     def case(*args, **kwargs):
         case_dkdv(bwd_dkdv_kernel, *args, fused=True, **kwargs)
@@ -722,6 +766,7 @@ def bad_inputs(fn):
             ("a head dim of 8", lambda: fn(*(x[..., :8],) * 4, lse, x[..., :8]))]
 
 
+@checked(RULES)
 def check_flash_backward(flash_backward, bwd_dkdv_kernel):
     def case(*args, **kwargs):
         case_wrapper(flash_backward, bwd_dkdv_kernel, *args, **kwargs)
@@ -772,6 +817,7 @@ def case_function(fn, kernel, B, H, Hkv, Nq, Nk, D, dtype, *, seed, causal=False
                               "forward"))
 
 
+@checked(RULES)
 def check_flash_attention_function(attention_gradients, bwd_dkdv_kernel):
     def case(*args, **kwargs):
         case_function(attention_gradients, bwd_dkdv_kernel, *args, **kwargs)

@@ -19,6 +19,21 @@ from course.testing import (assert_close, assert_not_trivial, check_choice,  # n
                             check_rejects, dtype_name, explain_nan_from_guards, fail,
                             guarded_input, guarded_output, randn, tolerance, watched_call, hinted,
                             join_hints)
+from course.rules import FORBIDDEN_NAMES, Avoids, JitKernel, Launches, checked
+
+# Checked on the submitted code (course/rules.py): the worker's launch count and forbidden
+# functions are only as honest as the notebook lets them be.
+RULES = {
+    "test_flash_attention_blocked": [
+        Avoids("flash_attention_blocked", tuple(sorted(FORBIDDEN_NAMES["softmax"])),
+               "compute the softmax block by block with the running max and sum, not with "
+               "PyTorch's softmax")],
+    "test_flash_attention_kernel": [JitKernel("flash_attention_kernel")],
+    "test_flash_attention": [
+        Launches("flash_attention", "flash_attention_kernel", forbid="softmax"),
+        Launches("flash_attention", "flash_attention_kernel", forbid="matmul")],
+}
+
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -379,6 +394,7 @@ KERNEL_GPU_CASES = [((2, 2, 300, 517, 128, BF16), dict(seed=10, causal=False, bl
                     ((1, 2, 250, 250, 96, F16), dict(seed=11, causal=True, blocks=(64, 32)))]
 
 
+@checked(RULES)
 def check_flash_attention_blocked(flash_attention_blocked):
     def case(*args, **kwargs):
         case_blocked_random(flash_attention_blocked, *args, **kwargs)
@@ -457,6 +473,7 @@ def case_kernel_random(kernel, B, H, Nq, Nk, D, dtype, *, seed, kind="random",
     case_kernel(kernel, q, k, v, kind=kind, **kwargs)
 
 
+@checked(RULES)
 def check_flash_attention_kernel(flash_attention_kernel):
     def case(*args, **kwargs):
         case_kernel_random(flash_attention_kernel, *args, **kwargs)
@@ -568,6 +585,7 @@ WRAPPER_GPU_CASES = [((2, 4, 777, 1025, 128, BF16), dict(seed=7, layouts=("bnhd"
                      ((1, 2, 300, 300, 256, F16), dict(seed=8, causal=True))]
 
 
+@checked(RULES)
 def check_flash_attention(flash_attention, flash_attention_kernel):
     for shape, options in WRAPPER_CASES + pick([], WRAPPER_GPU_CASES):
         case_wrapper_random(flash_attention, flash_attention_kernel, *shape, **options)

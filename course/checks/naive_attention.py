@@ -10,6 +10,20 @@ from course import DEVICE, pick, recorded
 from course.recorded import answer
 from course.testing import (assert_close, assert_not_trivial, check_choice,  # noqa: F401
                             check_rejects, dtype_name, fail, guarded_input, randn, watched_call)
+from course.rules import Avoids, Launches, checked
+
+# Checked on the submitted code (course/rules.py): the worker's forbidden-function checks
+# are only as honest as the notebook lets them be.
+RULES = {
+    "test_attention_reference": [Avoids("attention_reference",
+                                        ("scaled_dot_product_attention", "multi_head_attention_forward",
+                                         "MultiheadAttention"),
+                                        "write the formula yourself: the checks compare it with "
+                                        "PyTorch's own attention")],
+    "test_naive_attention": [Launches("naive_attention", "batched_gemm_strided_kernel", forbid="matmul"),
+                             Launches("naive_attention", "softmax_kernel", forbid="softmax")],
+}
+
 
 BHND = ("batch", "head", "query", "col")
 # Layouts of the inputs (see in_layout); KINDS of values (see attention_inputs).
@@ -255,6 +269,7 @@ def _attention_cases(check):
         check(*shape, **options)
 
 
+@checked(RULES)
 def check_attention_reference(attention_reference):
     def check(*args, **kwargs):
         case_attention(attention_reference, *args, quiet=True, **kwargs)
@@ -282,6 +297,7 @@ def case_naive_attention(fn, *args, quiet=True, **kwargs):
                    quiet=quiet, **kwargs)
 
 
+@checked(RULES)
 def check_naive_attention(naive_attention):
     def check(*args, **kwargs):
         case_naive_attention(naive_attention, *args, **kwargs)

@@ -9,6 +9,17 @@ from course.testing import (assert_close, assert_not_trivial, check_rejects, dty
                             explain_nan_from_guards, fail, guarded_input, guarded_output, randn,
                             row_margin, run_wrapper, weight_tolerance)
 from course.testing import check_choice  # noqa: F401  (the lesson calls checks.check_choice)
+from course.rules import Avoids, Int64Offsets, JitKernel, Launches, checked
+
+# Checked on the submitted code (course/rules.py): the worker's launch count and
+# forbidden-function checks are only as honest as the notebook lets them be.
+RULES = {"test_softmax_kernel": [JitKernel("softmax_kernel"), Int64Offsets("softmax_kernel")],
+         "test_softmax": [Launches("softmax", "softmax_kernel", forbid="softmax"),
+                          Avoids("softmax", ("exp", "exp2", "expm1", "logsumexp", "softmax_naive",
+                                             "softmax_stable", "online_softmax"),
+                                 "the wrapper only prepares and launches: all of the softmax (max, "
+                                 "exp, sum, division) must happen in softmax_kernel")]}
+
 
 ROW_COL = ("row", "col")
 OVERFLOW = ("no max subtraction: exp(x) overflows to inf once x passes 88.7 (in float32), and "
@@ -151,6 +162,7 @@ def case_kernel(kernel, x, *, gap=0, label="", quiet=False):
                  rtol=rtol, mistakes=_kernel_mistakes(x))
 
 
+@checked(RULES)
 def check_softmax_kernel(softmax_kernel):
     for n_rows, n_cols in [(4, 1), (3, 37), (2, 300)]:
         case_kernel(softmax_kernel, randn(n_rows, n_cols, seed=n_cols) * 3)
@@ -213,6 +225,7 @@ def layouts(x, *, seed):
             "every other column of wider rows": wide[..., 1::2]}
 
 
+@checked(RULES)
 def check_softmax(softmax, softmax_kernel):
     for n_rows, n_cols, dtype in [(5, 97, torch.float32), (3, 1030, torch.float16)]:
         x = randn(n_rows, n_cols, dtype=dtype, device=DEVICE, seed=n_cols)

@@ -13,6 +13,20 @@ from course.testing import (assert_close, assert_not_trivial,
                             check_rejects, dtype_name, explain_nan_from_guards, fail,
                             guarded_input, guarded_output, randn, run_wrapper, tolerance,
                             watched_call, hinted, join_hints)
+from course.rules import Int64Offsets, JitKernel, Launches, checked
+
+# Checked on the submitted code (course/rules.py): the worker's launch count and
+# forbidden-function checks are only as honest as the notebook lets them be, and int64
+# offsets only matter past 2**31 elements, which a CPU cannot allocate.
+RULES = {
+    "test_matmul_kernel": [JitKernel("matmul_kernel")],
+    "test_matmul": [Launches("matmul", "matmul_kernel", forbid="matmul")],
+    "test_batched_gemm_strided": [Launches("batched_gemm_strided", "batched_gemm_strided_kernel",
+                                           forbid="matmul"),
+                                  Int64Offsets("batched_gemm_strided_kernel")],
+    "test_batched_gemm_ptrs": [Launches("batched_gemm_ptrs", "batched_gemm_ptrs_kernel", forbid="matmul")],
+}
+
 
 BLOCK = 32          # block sizes the checks launch a learner's matmul_kernel with
 ROW_COL = ("row", "col")
@@ -313,6 +327,7 @@ def case_matmul_kernel_random(kernel, M, N, K, dtype, *, seed, kind="random",
                        quiet=quiet)
 
 
+@checked(RULES)
 def check_matmul_kernel(matmul_kernel):
     def case(*args, **kwargs):
         case_matmul_kernel_random(matmul_kernel, *args, **kwargs)
@@ -379,6 +394,7 @@ def _bad_matmul_inputs(matmul):
         [] if INTERPRET else [("CPU tensors", lambda: matmul(x.cpu(), x.t().cpu()))])
 
 
+@checked(RULES)
 def check_matmul(matmul, matmul_kernel):
     def case(*args, **kwargs):
         case_matmul_random(matmul, matmul_kernel, *args, **kwargs)
@@ -463,6 +479,7 @@ def case_strided_random(fn, kernel, B, H, M, N, K, dtype, b_transposed, *, seed,
                       f"{_kind_name(kind)}, a {_describe(a)}, b {_describe(b)})")
 
 
+@checked(RULES)
 def check_batched_gemm_strided(batched_gemm_strided, batched_gemm_strided_kernel):
     def case(*args, **kwargs):
         case_strided_random(batched_gemm_strided, batched_gemm_strided_kernel, *args, **kwargs)
@@ -555,6 +572,7 @@ def case_ptrs_one_tensor(fn, kernel, P, M, N, K, dtype, b_transposed, *, seed, l
                    f"a {_describe(a)} and b {_describe(b)})")
 
 
+@checked(RULES)
 def check_batched_gemm_ptrs(batched_gemm_ptrs, batched_gemm_ptrs_kernel):
     fn, kernel = batched_gemm_ptrs, batched_gemm_ptrs_kernel
     case_ptrs_one_tensor(fn, kernel, 3, 40, 33, 32, torch.float32, True, seed=20, layout="bmhk")

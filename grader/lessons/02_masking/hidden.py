@@ -4,25 +4,9 @@ import torch
 from course import DEVICE, INTERPRET
 from course.checks import masking as visible
 from course.testing import check_rejects, dtype_name, randn
-from grader.rules import Avoids, JitKernel, Launches
 
-# Checked on the submitted code (grader/rules.py): the worker's launch count and
-# forbidden-function checks are only as honest as the notebook lets them be, and a NaN
-# replaced after the fact gives the same output as none computed at all.
-RULES = {"test_safe_softmax": [Avoids("safe_softmax", ("nan_to_num", "nan_to_num_", "isnan"),
-                                      "safe_softmax must compute no NaN at all, not replace it "
-                                      "afterwards: a NaN computed on the way still makes the "
-                                      "gradients NaN in the backward pass. Give the fully masked "
-                                      "slices finite scores before the softmax, then zero them")],
-         "test_masked_softmax_kernel": [JitKernel("masked_softmax_kernel")],
-         "test_masked_softmax": [Launches("masked_softmax", "masked_softmax_kernel", forbid="softmax"),
-                                 Avoids("masked_softmax",
-                                        ("exp", "exp2", "expm1", "logsumexp", "safe_softmax", "apply_mask",
-                                         "causal_mask", "causal_mask_bool", "padding_mask", "masked_fill",
-                                         "masked_fill_", "triu", "tril"),
-                                        "the wrapper only prepares and launches: the masking and the "
-                                        "softmax must happen in masked_softmax_kernel (from the indices "
-                                        "i and j, never from a mask tensor)")]}
+# The static rules of each test cell are the visible checks' own (they apply them too).
+RULES = visible.RULES
 
 SEEDS = (21, 22, 23)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)

@@ -11,19 +11,9 @@ from course import DEVICE, INTERPRET
 from course.checks import tiling as visible
 from course.checks.tiling import LAYOUTS, OUT_LAYOUTS
 from course.testing import check_rejects, fail
-from grader.rules import Int64Offsets, JitKernel, Launches
 
-# Checked on the submitted code (grader/rules.py): the worker's launch count and
-# forbidden-function checks are only as honest as the notebook lets them be, and int64
-# offsets only matter past 2**31 elements, which a CPU cannot allocate.
-RULES = {
-    "test_matmul_kernel": [JitKernel("matmul_kernel")],
-    "test_matmul": [Launches("matmul", "matmul_kernel", forbid="matmul")],
-    "test_batched_gemm_strided": [Launches("batched_gemm_strided", "batched_gemm_strided_kernel",
-                                           forbid="matmul"),
-                                  Int64Offsets("batched_gemm_strided_kernel")],
-    "test_batched_gemm_ptrs": [Launches("batched_gemm_ptrs", "batched_gemm_ptrs_kernel", forbid="matmul")],
-}
+# The static rules of each test cell are the visible checks' own (they apply them too).
+RULES = visible.RULES
 
 SEEDS = (31, 32, 33)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)

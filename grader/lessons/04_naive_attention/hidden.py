@@ -9,20 +9,10 @@ from course import DEVICE, INTERPRET, pick
 from course.checks import naive_attention as visible
 from course.checks.naive_attention import LAYOUTS
 from course.testing import check_rejects, graded_choice
-from grader.rules import Avoids, Launches
 from solutions import naive_attention as key
 
-# Checked on the submitted code (grader/rules.py): the worker's forbidden-function checks
-# are only as honest as the notebook lets them be.
-RULES = {
-    "test_attention_reference": [Avoids("attention_reference",
-                                        ("scaled_dot_product_attention", "multi_head_attention_forward",
-                                         "MultiheadAttention"),
-                                        "write the formula yourself: the checks compare it with "
-                                        "PyTorch's own attention")],
-    "test_naive_attention": [Launches("naive_attention", "batched_gemm_strided_kernel", forbid="matmul"),
-                             Launches("naive_attention", "softmax_kernel", forbid="softmax")],
-}
+# The static rules of each test cell are the visible checks' own (they apply them too).
+RULES = visible.RULES
 
 SEEDS = (41, 42, 43)
 F32, F16 = torch.float32, torch.float16

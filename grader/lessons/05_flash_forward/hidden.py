@@ -10,21 +10,10 @@ from course import INTERPRET, pick
 from course.checks import flash_forward as visible
 from course.checks.flash_forward import BF16, F16, F32, LAYOUTS, OUT_LAYOUTS
 from course.testing import check_rejects, fail, graded_choice
-from grader.rules import Avoids, FORBIDDEN_NAMES, JitKernel, Launches
 from solutions import flash_forward as key
 
-# Checked on the submitted code (grader/rules.py): the worker's launch count and forbidden
-# functions are only as honest as the notebook lets them be.
-RULES = {
-    "test_flash_attention_blocked": [
-        Avoids("flash_attention_blocked", tuple(sorted(FORBIDDEN_NAMES["softmax"])),
-               "compute the softmax block by block with the running max and sum, not with "
-               "PyTorch's softmax")],
-    "test_flash_attention_kernel": [JitKernel("flash_attention_kernel")],
-    "test_flash_attention": [
-        Launches("flash_attention", "flash_attention_kernel", forbid="softmax"),
-        Launches("flash_attention", "flash_attention_kernel", forbid="matmul")],
-}
+# The static rules of each test cell are the visible checks' own (they apply them too).
+RULES = visible.RULES
 
 SEEDS = (51, 52, 53)
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)

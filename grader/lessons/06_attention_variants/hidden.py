@@ -10,23 +10,10 @@ from course import INTERPRET, pick
 from course.checks import attention_variants as visible
 from course.checks.attention_variants import BF16, F16, F32, LAYOUTS, OUT_LAYOUTS
 from course.testing import check_rejects, graded_choice
-from grader.rules import Avoids, JitKernel, Launches
 from solutions import attention_variants as key
 
-# What a wrapper that copies its inputs would name (the kernel reads any layout, and K/V
-# heads through GROUP).
-COPIES = ("contiguous", "clone", "reshape", "repeat", "repeat_interleave", "to", "copy_")
-
-# Checked on the submitted code (grader/rules.py): the worker's launch count and forbidden
-# functions are only as honest as the notebook lets them be.
-RULES = {
-    "test_attention_kernel": [JitKernel("attention_kernel"), JitKernel("attend_kv_blocks")],
-    "test_attention": [
-        Launches("attention", "attention_kernel", forbid="softmax"),
-        Launches("attention", "attention_kernel", forbid="matmul"),
-        Avoids("attention", COPIES, "the wrapper copies nothing: the kernel reads any layout "
-               "through the strides, and K/V heads through GROUP")],
-}
+# The static rules of each test cell are the visible checks' own (they apply them too).
+RULES = visible.RULES
 
 SEEDS = (61, 62, 63)
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)

@@ -6,50 +6,16 @@ above and far below zero; V far from zero on either side; fp32 and fp16, bf16 an
 sequences on a GPU), the static rules (no autograd in the PyTorch exercises, one jit
 function per kernel, the wrapper and the autograd Function launch the kernels, dQ written by
 atomic adds only), and the answer to the trade-off question."""
-import ast
-
 import torch
 
 from course import INTERPRET
 from course.checks import flash_backward as visible
 from course.checks.flash_backward import BF16, DTYPES, F16, F32, KERNEL_LAYOUTS, LAYOUTS
 from course.testing import check_rejects, graded_choice, randn
-from grader.rules import FORBIDDEN_NAMES, Avoids, JitKernel, Launches
 from solutions import flash_backward as key
 
-AUTOGRAD = ("autograd", "backward", "grad", "requires_grad", "requires_grad_", "vjp", "jvp",
-            "jacobian")
-NO_AUTOGRAD = "derive the gradient by hand, as the lesson does: no autograd"
-
-
-class AtomicDQ:
-    """Every write through a pointer computed from bwd_dkdv_kernel's DQ (followed through
-    assignments and into the functions it is passed to) is tl.atomic_add, and there is one:
-    the interpreter runs programs one after another, so no run shows the race of a store."""
-
-    def problems(self, defs):
-        functions = {name: places[-1][1] for name, places in defs.items()
-                     if isinstance(places[-1][1], ast.FunctionDef)}
-        return visible.dq_write_problems(functions)
-
-
-RULES = {
-    "test_softmax_backward": [Avoids("softmax_backward", AUTOGRAD, NO_AUTOGRAD)],
-    "test_attention_backward_reference": [Avoids("attention_backward_reference", AUTOGRAD, NO_AUTOGRAD)],
-    "test_bwd_preprocess_kernel": [JitKernel("bwd_preprocess_kernel"), JitKernel("_row_delta")],
-    "test_bwd_dkdv_kernel": [JitKernel("bwd_dkdv_kernel"), JitKernel("_dkdv_q_blocks")],
-    "test_bwd_dq_kernel": [JitKernel("bwd_dq_kernel"), JitKernel("_dq_kv_blocks")],
-    "test_accumulate_dq": [JitKernel("bwd_dkdv_kernel"), JitKernel("_accumulate_dq"), AtomicDQ()],
-    "test_flash_backward": [
-        Launches("flash_backward", "bwd_dkdv_kernel", forbid="matmul"),
-        Launches("flash_backward", "bwd_dq_kernel", forbid="softmax"),
-        Launches("flash_backward", "bwd_preprocess_kernel", forbid="attention")],
-    "test_flash_attention_function": [
-        Launches("autograd_forward", "flash_attention_kernel", forbid="matmul"),
-        Launches("autograd_backward", "bwd_dkdv_kernel", forbid="matmul"),
-        Avoids("attention_gradients", tuple(sorted(FORBIDDEN_NAMES["softmax"] | {"attention_reference"})),
-               "one step through FlashAttentionFunction.apply: the gradients come from your kernels")],
-}
+# The static rules of each test cell are the visible checks' own (they apply them too).
+RULES = visible.RULES
 
 SEEDS = (81, 82, 83)
 
