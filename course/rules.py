@@ -22,6 +22,8 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 
+from course.testing import fail
+
 # What each forbid group names (course.testing._FORBIDDEN is the dynamic side).
 FORBIDDEN_NAMES = {
     "softmax": {"softmax", "log_softmax", "softmin", "gumbel_softmax", "scaled_dot_product_attention"},
@@ -214,8 +216,6 @@ def notebook_cells(*objects):
 def checked(rules):
     """Decorate each visible check named check_X with the rules of its test cell test_X:
     once the check passes, the rules read the notebook's functions it was given."""
-    from course.testing import fail
-
     def decorate(check):
         cell_rules = rules.get("test_" + check.__name__.removeprefix("check_"))
         if not cell_rules:
