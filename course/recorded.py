@@ -114,11 +114,17 @@ class _Deferred(collections.abc.Mapping):
         return len(self._value())
 
 
+def _computing_hidden():
+    """Whether the grader computes every answer (a hidden test), neither reading the tables
+    first nor recording them."""
+    return bool(_computing) and not _computing[-1][1] and not _computing[-1][2]
+
+
 def snapshot(*values):
     """The values themselves where the answers are asked at once; while the grader computes,
     the tensors among them copied (a deferred question must see the values as they were,
     whatever the learner's code does to them afterwards)."""
-    if not (_computing and not _computing[-1][1] and not _computing[-1][2]):
+    if not _computing_hidden():
         return values
     return tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in values)
 
@@ -127,7 +133,7 @@ def deferred(make):
     """make(): a mapping a check needs only once a result is wrong (its classic mistakes'
     outputs). Made at once where the tables are read or recorded; made when first used
     while the grader computes, so a hidden test that passes never computes its mistakes."""
-    if _computing and not _computing[-1][1] and not _computing[-1][2]:
+    if _computing_hidden():
         return _Deferred(make)
     return make()
 

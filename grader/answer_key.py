@@ -26,13 +26,7 @@ def signature(wrong, right) -> dict:
     """A classic mistake's output as course/recorded.py keeps it: its shape and its values
     at the SIGNATURE_ENTRIES entries where it differs most from the right output (all of
     them in a small output), which is what tells the mistake apart."""
-    wrong = torch.as_tensor(wrong).detach().to("cpu", torch.float64)
-    right = torch.as_tensor(right).detach().to("cpu", torch.float64).expand_as(wrong)
-    gap = (wrong - right).abs().reshape(-1)
-    gap = torch.where(torch.isnan(wrong.reshape(-1)) != torch.isnan(right.reshape(-1)), math.inf,
-                      gap.nan_to_num(nan=0.0))
-    at = torch.sort(torch.argsort(gap, descending=True, stable=True)[:SIGNATURE_ENTRIES]).values
-    return {"shape": list(wrong.shape), "at": at.tolist(), "values": wrong.reshape(-1)[at].tolist()}
+    return signatures({"": wrong}, right)[""]
 
 
 def _finite(x):

@@ -5,7 +5,7 @@ Grading it means, in the grader's own process: resolve each argument (a notebook
 or kernel becomes a proxy into the worker, a value comes across as data, a value the lesson
 gives comes from solutions/), run that visible check, then the hidden test of the same
 name as the cell (`test_softmax` in grader/lessons/<lesson>/hidden.py) with the same
-arguments, and check the hidden file's static RULES for that cell on the notebook's code.
+arguments, and check the checks module's static RULES for that cell on the notebook's code.
 The cell passes when none of them fails. What they print is the cell's output; a failure
 adds one error output whose message says what is wrong (never hidden code).
 
@@ -21,8 +21,10 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
-from grader import answer_key, paths, rules
+from course import rules
+from grader import answer_key, paths
 from grader.remote import LearnerError, RemoteFunction, RemoteKernel, Worker, WorkerFailure
+from grader.rules import tampering
 
 TEXT_CAP = 200_000           # bytes of learner output kept in one graded notebook
 GIVEN = re.compile(r"^\s*# given: (\w+)\.(\w+)\s*$", re.M)
@@ -76,7 +78,7 @@ class Lesson:
         self.name, self.topic = name, paths.topic_of(name)
         self.visible = importlib.import_module(f"course.checks.{self.topic}")
         self.hidden = answer_key.hidden(name)  # its tests compute what their checks ask
-        self.rules = getattr(self.hidden, "RULES", {})
+        self.rules = getattr(self.visible, "RULES", {})  # course/rules.py: the checks apply them too
         text = paths.lesson_path(name).read_text()
         self.given = {var: topic for topic, var in GIVEN.findall(text)}
         self.source = source_notebook(name)
@@ -146,7 +148,7 @@ def grade(lesson: Lesson, nb, *, objects=None, worker: Worker = None) -> Graded:
     (a namespace that already ran the cells), in this process."""
     graded = Graded()
     cells = code_cells(nb)
-    tamper = rules.tampering(code_cells(nb, learner_only=True), lesson.kernels)
+    tamper = tampering(code_cells(nb, learner_only=True), lesson.kernels)
     if worker is not None:
         for index, cell in enumerate(nb.cells):
             if cell.cell_type == "code" and not meta(cell).get("grade"):

@@ -161,7 +161,7 @@ class Worker:
         try:
             wire.write(self.proc.stdin, message)
             while True:
-                reply = wire.read(self.reader)  # tensors on the device they left from
+                reply = wire.read(self.reader)
                 if reply.get("op") != "launch":
                     return reply
                 stop = on_launch(reply) if on_launch else None

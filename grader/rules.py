@@ -10,7 +10,7 @@ Launches, JitKernel, Avoids, Int64Offsets; the visible checks apply the same one
 """
 import ast
 
-from course.rules import Cell, _line, _parse, problems  # noqa: F401  (grading's API)
+from course.rules import _line, _parse
 
 # Names a notebook's code may not assign into (modules the checks and PyTorch rely on).
 PROTECTED = {"torch", "triton", "tl", "F", "nn", "np", "numpy", "course", "checks", "plots",
@@ -23,6 +23,8 @@ FORBIDDEN_MODULES = {"ctypes", "importlib", "gc", "inspect", "builtins", "subpro
 # sys may be imported (to print to stderr, say); these of its parts change Python itself.
 SYS_MACHINERY = {"modules", "meta_path", "path_hooks", "path_importer_cache", "settrace",
                  "setprofile", "addaudithook", "_getframe", "displayhook", "excepthook"}
+
+
 def _root(node):
     """The chain of names of an attribute target: torch.nn.functional.softmax -> [torch, nn, ...]."""
     chain = []

@@ -68,8 +68,9 @@ def encode(value):
     return enc(value), blobs
 
 
-def decode(header, blobs, device=None, resolve=None):
-    """The value encoded in header/blobs; tensors go to `device` (default: as sent).
+def decode(header, blobs, resolve=None):
+    """The value encoded in header/blobs; a tensor goes to the device type it was sent from
+    (the CPU where no GPU is).
     {"ref": name} values (see encode's `ref`) are given to `resolve`; without it they
     are refused."""
     storages = {}
@@ -106,8 +107,7 @@ def decode(header, blobs, device=None, resolve=None):
         if kind == "dtype" and body in _DTYPES:
             return _DTYPES[body]
         if kind == "tensor" and isinstance(body, dict) and body.get("dtype") in _DTYPES:
-            where = device or ("cuda" if body.get("device") == "cuda" and torch.cuda.is_available()
-                               else "cpu")
+            where = "cuda" if body.get("device") == "cuda" and torch.cuda.is_available() else "cpu"
             flat = storage(body.get("blob"), body["dtype"], where)
             shape, stride, offset = body.get("shape"), body.get("stride"), body.get("offset")
             if not (isinstance(shape, list) and isinstance(stride, list) and isinstance(offset, int)
@@ -146,7 +146,7 @@ def _read_exact(stream, n, budget):
     return bytes(data)
 
 
-def read(stream, device=None, resolve=None) -> dict:
+def read(stream, resolve=None) -> dict:
     budget = [MAX_FRAME]
     size, = _LEN.unpack(_read_exact(stream, 8, budget))
     try:
@@ -160,7 +160,7 @@ def read(stream, device=None, resolve=None) -> dict:
     for _ in range(count):
         n, = _LEN.unpack(_read_exact(stream, 8, budget))
         blobs.append(_read_exact(stream, n, budget))
-    message = decode(header, blobs, device, resolve)
+    message = decode(header, blobs, resolve)
     if not isinstance(message, dict):
         raise WireError("a message must be a dict")
     return message

@@ -111,14 +111,14 @@ def test_a_rule_the_grader_reads_fails_the_visible_check_too(lesson):
 
 
 def test_every_test_cells_rules_run_in_its_visible_check():
-    """The grader's rules of a test cell are its visible check's RULES, and that check
-    (check_X for test_X) applies them."""
+    """The rules the grader reads for a test cell (the checks module's RULES) name a test
+    cell of the lesson, whose visible check (check_X for test_X) applies them."""
     for lesson in paths.lesson_names():
-        rules = getattr(paths.lesson_file(lesson, "hidden"), "RULES", {})
-        if not rules:
-            continue
         checks = importlib.import_module(f"course.checks.{paths.topic_of(lesson)}")
-        assert rules is checks.RULES, lesson
+        rules = getattr(checks, "RULES", {})
+        cells = {c.metadata["nbgrader"]["grade_id"]: c.source for c in subs.solution_notebook(lesson).cells
+                 if c.metadata.get("nbgrader", {}).get("grade")}
         for cell in rules:
-            check = getattr(checks, "check_" + cell.removeprefix("test_"))
-            assert getattr(check, "__wrapped__", None), f"{lesson}: check_{cell[5:]} does not apply {cell}'s rules"
+            check = "check_" + cell.removeprefix("test_")
+            assert f"checks.{check}(" in cells.get(cell, ""), f"{lesson}: no test cell {cell} calling {check}"
+            assert getattr(getattr(checks, check), "__wrapped__", None), f"{lesson}: {check} does not apply {cell}'s rules"

@@ -219,11 +219,10 @@ def test_kernel_honours_strides_that_differ_between_input_and_output():
 
 
 def test_safe_softmax_rule_refuses_a_nan_fix_up():
-    from grader import rules
-    hidden = answer_key.hidden("02_masking")
+    from course import rules
     fixed_up = rules.Cell("safe_softmax", "def safe_softmax(scores, dim=-1):\n"
                                           "    return torch.softmax(scores, dim=dim).nan_to_num(0.0)\n")
-    assert rules.problems(hidden.RULES["test_safe_softmax"], [fixed_up])
+    assert rules.problems(checks.RULES["test_safe_softmax"], [fixed_up])
     import inspect
     clean = rules.Cell("safe_softmax", inspect.getsource(ref.safe_softmax))
-    assert not rules.problems(hidden.RULES["test_safe_softmax"], [clean])
+    assert not rules.problems(checks.RULES["test_safe_softmax"], [clean])

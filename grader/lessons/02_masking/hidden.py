@@ -5,9 +5,6 @@ from course import DEVICE, INTERPRET
 from course.checks import masking as visible
 from course.testing import check_rejects, dtype_name, randn
 
-# The static rules of each test cell are the visible checks' own (they apply them too).
-RULES = visible.RULES
-
 SEEDS = (21, 22, 23)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
 

@@ -12,9 +12,6 @@ from course.checks import tiling as visible
 from course.checks.tiling import LAYOUTS, OUT_LAYOUTS
 from course.testing import check_rejects, fail
 
-# The static rules of each test cell are the visible checks' own (they apply them too).
-RULES = visible.RULES
-
 SEEDS = (31, 32, 33)
 DTYPES = (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
 F32, F16 = torch.float32, torch.float16

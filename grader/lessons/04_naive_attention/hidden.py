@@ -11,9 +11,6 @@ from course.checks.naive_attention import LAYOUTS
 from course.testing import check_rejects, graded_choice
 from solutions import naive_attention as key
 
-# The static rules of each test cell are the visible checks' own (they apply them too).
-RULES = visible.RULES
-
 SEEDS = (41, 42, 43)
 F32, F16 = torch.float32, torch.float16
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, torch.bfloat16)

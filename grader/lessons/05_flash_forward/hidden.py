@@ -12,9 +12,6 @@ from course.checks.flash_forward import BF16, F16, F32, LAYOUTS, OUT_LAYOUTS
 from course.testing import check_rejects, fail, graded_choice
 from solutions import flash_forward as key
 
-# The static rules of each test cell are the visible checks' own (they apply them too).
-RULES = visible.RULES
-
 SEEDS = (51, 52, 53)
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)
 

@@ -12,9 +12,6 @@ from course.checks.attention_variants import BF16, F16, F32, LAYOUTS, OUT_LAYOUT
 from course.testing import check_rejects, graded_choice
 from solutions import attention_variants as key
 
-# The static rules of each test cell are the visible checks' own (they apply them too).
-RULES = visible.RULES
-
 SEEDS = (61, 62, 63)
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)
 

@@ -11,8 +11,6 @@ from course.checks import block_tuning as visible
 from course.testing import check_rejects, graded_choice
 from solutions import block_tuning as key
 
-RULES = {}  # plain Python exercises: nothing to read off the source
-
 SEEDS = (71, 72, 73)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -3,9 +3,9 @@ seeds; lengths and head dims that are not powers of two nor multiples of the blo
 Nq != Nk both ways; causal and not; several batch entries and heads, GQA and MQA; every
 layout of q, k, v (and of o and dO for the wrapper); blocks that differ; rows of scores far
 above and far below zero; V far from zero on either side; fp32 and fp16, bf16 and longer
-sequences on a GPU), the static rules (no autograd in the PyTorch exercises, one jit
-function per kernel, the wrapper and the autograd Function launch the kernels, dQ written by
-atomic adds only), and the answer to the trade-off question."""
+sequences on a GPU), and the answer to the trade-off question. The static rules (no autograd
+in the PyTorch exercises, one jit function per kernel, the wrapper and the autograd Function
+launch the kernels, dQ written by atomic adds only) are the checks module's RULES."""
 import torch
 
 from course import INTERPRET
@@ -13,9 +13,6 @@ from course.checks import flash_backward as visible
 from course.checks.flash_backward import BF16, DTYPES, F16, F32, KERNEL_LAYOUTS, LAYOUTS
 from course.testing import check_rejects, graded_choice, randn
 from solutions import flash_backward as key
-
-# The static rules of each test cell are the visible checks' own (they apply them too).
-RULES = visible.RULES
 
 SEEDS = (81, 82, 83)
 

@@ -14,9 +14,6 @@ from course.checks.attention_patterns import BF16, F16, F32, LAYOUTS, MATRIX_LAY
 from course.testing import check_rejects, graded_choice
 from solutions import attention_patterns as key
 
-# The static rules of each test cell are the visible checks' own (they apply them too).
-RULES = visible.RULES
-
 SEEDS = (91, 92, 93)
 DTYPES = (F32, F16) if INTERPRET else (F32, F16, BF16)
 
