@@ -513,6 +513,13 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     # shape: fewer kernel arguments, and each costs host time at every launch (PERF.md).
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o, do = o.contiguous(), do.contiguous()
+    columns = flash_tuned.column_blocks(D)
+    if columns[1] and flash_tuned.SPLIT_D and not fused:
+        # A head dim like 160 or 192: two power-of-two column blocks instead of one padded
+        # to 256 (solutions/flash_backward_split.py; imported here, since it imports this
+        # module). The fused path keeps module 08's padded kernel.
+        from solutions.flash_backward_split import backward_split
+        return backward_split(q, k, v, o, lse, do, causal, scale, columns, config)
     delta = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
     dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)

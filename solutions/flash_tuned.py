@@ -74,7 +74,8 @@ P_SHIFT_C = tl.constexpr(P_SHIFT)  # the same, usable inside kernels
 
 # (autotuned kernel, key) -> the triton.Config that triton.autotune chose for that key.
 _CHOSEN = {}
-SPLIT_D = True        # False: one column block padded to a power of two (for comparisons)
+SPLIT_D = True        # False: one column block padded to a power of two, forward and backward
+                      # (for comparisons)
 LAST_CONFIG = [None]  # the config of the latest launch (for the benchmark's tables)
 
 

@@ -1,6 +1,6 @@
 """GPU benchmark of the tuned forward's newer paths (issue 14), one table per section.
 
-    python -m solutions.tuned_bench [--only check,fwd,fp8,dims,small] [--tutorial PATH]
+    python -m solutions.tuned_bench [--only check,fwd,fp8,dims,train,small] [--tutorial PATH]
                                     [--lengths 1024,4096,16384] [--jobs N [--compile-only]]
                                     [--reps R] [--out DIR]
     python -m solutions.tuned_bench --table CSV [CSV ...]   (re-print saved tables)
@@ -16,13 +16,17 @@ Sections (H = 16, B * N = 16384, N in 1024 / 4096 / 16384, causal or not):
          accuracy as the relative L2 error against an fp32 reference on the unquantized
          inputs, and against the reference on the dequantized inputs (the kernel's own
          error: P in e4m3, FP8 accumulation).
-- dims:  fp16 D = 160 / 192 / 256, forward (ours; ours with the old one-block padded
-         tiles; SDPA's backends) and forward+backward (ours, FA2, cuDNN).
+- dims:  fp16 D = 160 / 192 / 256, forward and forward+backward: ours; ours with one
+         column block padded to 256 ("ours-padded", module 08's backward kernels); SDPA's
+         FlashAttention-2 and cuDNN backends.
+- train: forward+backward at D = 64 / 128, fp16 and bf16: ours, FA2, cuDNN, and (fp16)
+         the tutorial's own forward+backward, without and with warp specialization.
 - small: the N = 1024, D = 64 training step (fwd+bwd) that the host's launch time
          bounds: ours and FA2, `--reps` times each in one process, eager and CUDA graph,
          with the spread; and the host time of one step.
-The tutorial is not part of this repository: pass the path of a copy of its forward
-(a module with `forward(q, k, v, causal, sm_scale, warp_specialize)` and `_attn_fwd`);
+The tutorial is not part of this repository: pass the path of a copy of it (a module
+with `forward(q, k, v, causal, sm_scale, warp_specialize)` returning its forward's output,
+`train(...)` the same through its autograd Function, and its kernel `_attn_fwd`);
 without --tutorial its columns read n/a. Every output of ours (and the tutorial's) is
 checked against SDPA (fp16) or an fp32 reference (FP8) before it is timed. Times are
 do_bench medians (the median of 3 rounds that take turns between implementations).
@@ -138,6 +142,14 @@ def dims_cases():
                 yield dict(section="dims", dtype=torch.float16, D=D, N=N, causal=causal)
 
 
+def train_cases():
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in (64, 128):
+            for causal in (False, True):
+                for N in LENGTHS:
+                    yield dict(section="train", dtype=dtype, D=D, N=N, causal=causal)
+
+
 def small_cases():
     for dtype in (torch.bfloat16, torch.float16):
         for causal in (False, True):
@@ -165,7 +177,8 @@ def check_cases():
         yield dict(section="check", dtype=c[0], D=c[6], N=c[4], causal=c[7], index=i)
 
 
-SECTIONS = {"check": check_cases, "fwd": fwd_cases, "fp8": fp8_cases, "dims": dims_cases, "small": small_cases}
+SECTIONS = {"check": check_cases, "fwd": fwd_cases, "fp8": fp8_cases, "dims": dims_cases,
+            "train": train_cases, "small": small_cases}
 
 
 def _inputs(case, seed=0):
@@ -220,14 +233,36 @@ def _fp8_impls(case, q32, k32, v32):
     return impls, refs
 
 
-def _dims_impls(case, q, k, v, train):
-    from solutions import flash_tuned
+def _step(forward):
+    """A training step of `forward` (returns o): fn(do) runs o.backward(do), returns o."""
+    def step(do):
+        o = forward()
+        o.backward(do)
+        return o
+    return step
+
+
+def _train_impls(case, q, k, v):
+    """name -> fn(do): fwd+bwd of ours, SDPA's FA2 and cuDNN, and (fp16) the tutorial's."""
     from solutions.flash_backward import flash_attention
     c = case["causal"]
-    if train:
-        return {"ours": lambda: flash_attention(q, k, v, causal=c)[0],
-                "FA2": lambda: _sdpa("FLASH_ATTENTION")(q, k, v, c),
-                "cuDNN": lambda: _sdpa("CUDNN_ATTENTION")(q, k, v, c)}
+    impls = {"ours": _step(lambda: flash_attention(q, k, v, causal=c)[0]),
+             "FA2": _step(lambda: _sdpa("FLASH_ATTENTION")(q, k, v, c)),
+             "cuDNN": _step(lambda: _sdpa("CUDNN_ATTENTION")(q, k, v, c))}
+    if TUT is not None and q.dtype == torch.float16 and case["D"] <= 128:
+        scale = q.shape[-1] ** -0.5
+        impls["tut"] = _step(lambda: TUT.train(q, k, v, c, scale, False))
+        impls["tut-ws"] = _step(lambda: TUT.train(q, k, v, c, scale, True))
+    return impls
+
+
+def _dims_impls(case, q, k, v, train):
+    from solutions import flash_tuned
+    c = case["causal"]
+    if train:  # the backward splits the head dim as the forward does (SPLIT_D)
+        impls = _train_impls(case, q, k, v)
+        impls["ours-padded"] = _with(flash_tuned, "SPLIT_D", False, impls["ours"])
+        return impls
     return {"ours": lambda: flash_tuned.flash_attention_forward(q, k, v, causal=c)[0],
             "ours-padded": _with(flash_tuned, "SPLIT_D", False,
                                  lambda: flash_tuned.flash_attention_forward(q, k, v, causal=c)[0]),
@@ -248,7 +283,7 @@ def _row(case, mode, impl, **kw):
 
 def _check_and_time(case, mode, impls, expected, flops, train_grads=None, do=None, tol=2e-2):
     """Check each impl against `expected` (an output, or (o, dq, dk, dv)), then time the
-    ones that pass. Returns the rows."""
+    ones that pass. Returns the rows. With train_grads, each impl is fn(do) (`_step`)."""
     rows, steps = {}, {}
     for name, fn in impls.items():
         try:
@@ -259,13 +294,12 @@ def _check_and_time(case, mode, impls, expected, flops, train_grads=None, do=Non
             else:
                 for t in train_grads:
                     t.grad = None
-                out = fn()
-                out.backward(do)
+                out = fn(do)
                 errs = [_rel(out, expected[0])] + [_rel(t.grad, e) for t, e in zip(train_grads, expected[1:])]
                 err = max(errs)
 
                 def step(fn=fn):
-                    fn().backward(do)
+                    fn(do)
             config = _chosen_config() if name.startswith("ours") and train_grads is None else ""
             status = "ok" if err < tol else f"WRONG {err:.2g}"
             rows[name] = _row(case, mode, name, err=f"{err:.2e}", config=config, status=status)
@@ -353,6 +387,17 @@ def run_dims(case):
     rows += _check_and_time(case, "fwd+bwd", _dims_impls(case, q, k, v, True), expected,
                             _flops(B, case["N"], case["D"], c, True), train_grads=[q, k, v], do=do)
     return rows
+
+
+def run_train(case):
+    """fwd+bwd at D = 64 / 128 (fp16, bf16): ours, FA2, cuDNN, the tutorial (fp16)."""
+    q, k, v = (t.to(case["dtype"]).requires_grad_(True) for t in _inputs(case))
+    c = case["causal"]
+    do = torch.randn_like(q)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=c)
+    expected = [o.detach()] + list(torch.autograd.grad(o, (q, k, v), do))
+    return _check_and_time(case, "fwd+bwd", _train_impls(case, q, k, v), expected,
+                           _flops(q.shape[0], case["N"], case["D"], c, True), train_grads=[q, k, v], do=do)
 
 
 def run_check(case):
@@ -506,7 +551,15 @@ def _warm(section, index, tutorial, lengths):
                 if name.startswith("ours"):
                     fn()
             q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-            _dims_impls(case, q, k, v, True)["ours"]().backward(torch.randn_like(q))
+            _dims_impls(case, q, k, v, True)["ours"](torch.randn_like(q))
+        elif section == "train":
+            q, k, v = (t.to(case["dtype"]).requires_grad_(True) for t in _inputs(case))
+            for name, fn in _train_impls(case, q, k, v).items():
+                if name.startswith(("ours", "tut")):
+                    try:
+                        fn(torch.randn_like(q))
+                    except Exception as e:
+                        errors.append(f"{name}: {type(e).__name__} {str(e)[:80]}")
         else:
             q32, k32, v32 = _inputs(case)
             impls = (_fwd_impls(case, *(t.half() for t in (q32, k32, v32))) if section == "fwd"
@@ -571,6 +624,8 @@ def print_tables(all_rows):
             extra = " | e4/16 e5/16 e5/tut | err vs fp32: fp16 e4m3 e5m2 tut | kernel err: e4m3 e5m2 | config e4m3"
         elif section == "dims":
             extra = " | o/FA2 o/cuD o/pad | config"
+        elif section == "train":
+            extra = " | o/FA2 o/cuD o/tut"
         elif section == "check":
             extra = " | rel. L2 error | FP8: same for P rounded in PyTorch | case, lse max error, config"
         else:
@@ -602,6 +657,9 @@ def print_tables(all_rows):
                 cfg = next((r["config"] for r in rows if r["impl"] == "ours"), "")
                 line += (f" | {_ratio(ours, _get(rows, 'FA2'))} {_ratio(ours, _get(rows, 'cuDNN'))}"
                          f" {_ratio(ours, _get(rows, 'ours-padded'))} | {cfg}")
+            elif section == "train":
+                tut = max([x for x in (_get(rows, "tut"), _get(rows, "tut-ws")) if x] or [0]) or None
+                line += f" | {_ratio(ours, _get(rows, 'FA2'))} {_ratio(ours, _get(rows, 'cuDNN'))} {_ratio(ours, tut)}"
             elif section == "check":
                 r = rows[0]
                 line += f" | {r['err']} {r['status']} | {r['err_kernel']} | {r['config']}"
@@ -615,10 +673,10 @@ def print_tables(all_rows):
 def main(argv=None):
     global TUT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="fwd,fp8,dims,small", help="sections, comma-separated")
+    parser.add_argument("--only", default="fwd,fp8,dims,train,small", help="sections, comma-separated")
     parser.add_argument("--tutorial", help="path of a copy of Triton's tutorial 06 forward")
     parser.add_argument("--jobs", type=int, default=0, help="processes that compile ahead (0: none)")
-    parser.add_argument("--lengths", default="1024,4096,16384", help="sequence lengths N (fwd, fp8, dims)")
+    parser.add_argument("--lengths", default="1024,4096,16384", help="sequence lengths N (fwd, fp8, dims, train)")
     parser.add_argument("--reps", type=int, default=4, help="repetitions of the small cases")
     parser.add_argument("--out", default="bench_out", help="folder for tuned_bench.csv")
     parser.add_argument("--table", metavar="CSV", nargs="+", help="only re-print the tables of these CSVs")
@@ -657,7 +715,7 @@ def main(argv=None):
                     case_rows = run_small(case, args.reps)
                 else:
                     case_rows = {"fwd": run_fwd, "fp8": run_fp8, "dims": run_dims,
-                                 "check": run_check}[section](case)
+                                 "train": run_train, "check": run_check}[section](case)
                 rows += case_rows
                 writer.writerows(case_rows)
                 f.flush()

@@ -13,6 +13,7 @@ import torch
 
 from course.testing import CheckFailed, assert_close, count_launches, guarded_input, randn
 from solutions import flash_backward as fb
+from solutions import flash_backward_split as split
 from solutions.naive_attention import attention_reference, attention_scores
 
 DEVICE = course.DEVICE
@@ -65,13 +66,17 @@ def run_backward(q, k, v, do, causal, fused, sm_scale=None):
 
 
 # (B, H, Hkv, Nq, Nk, D): ragged lengths, Nq != Nk both ways, K/V shorter than one block,
-# GQA and MQA, and head dims that are not powers of two (padded to 32 inside).
+# GQA and MQA, and head dims that are not powers of two: 24 padded to 32 inside; 80 and
+# 160 split into two column blocks (64 + 16, 128 + 32) by the unfused path
+# (solutions/flash_backward_split.py) and padded by the fused one.
 SHAPES = {
     "ragged-97": (2, 2, 2, 97, 97, 32),
     "nq61-nk97": (1, 2, 2, 61, 97, 64),
     "short-kv-20": (1, 2, 2, 97, 20, 16),
     "gqa-4to2": (1, 4, 2, 64, 61, 32),
     "mqa-d24": (2, 2, 1, 45, 70, 24),
+    "split-d80-gqa": (1, 4, 2, 53, 70, 80),
+    "split-d160": (1, 1, 1, 45, 38, 160),
 }
 
 
@@ -94,8 +99,9 @@ def test_gradients_match_float64_autograd(shape, causal, fused, dtype):
 @pytest.mark.parametrize("fused", [False, True], ids=["dq-kernel", "fused-atomic"])
 def test_non_contiguous_inputs_and_grad_output(fused):
     """[B, N, H, D] tensors viewed as [B, H, N, D] (a projection's natural layout), and
-    a dO with its own odd strides: the kernels must follow strides, not assume them."""
-    B, H, Hkv, Nq, Nk, D = 2, 2, 2, 70, 45, 32
+    a dO with its own odd strides: the kernels must follow strides, not assume them.
+    D = 48: two column blocks (32 + 16) in the unfused path."""
+    B, H, Hkv, Nq, Nk, D = 2, 2, 2, 70, 45, 48
     seed = fresh_seed()
     q = randn(B, Nq, H, D, device=DEVICE, seed=seed).transpose(1, 2)
     k = randn(B, Nk, Hkv, D, device=DEVICE, seed=seed + 1).transpose(1, 2)
@@ -210,6 +216,20 @@ def test_backward_runs_triton_kernels():
         run_backward(q, k, v, do, False, True)   # preprocessing, then dK/dV with atomic dQ
     # (on a GPU the first call of a shape also launches each autotune candidate)
     assert pre[0] == 1 and dkdv[0] >= 2 and dq_launches[0] >= 1, (pre, dkdv, dq_launches)
+
+
+def test_split_head_dims_run_the_split_kernels():
+    """D = 96 (64 + 32 columns) goes to the split kernels, unfused; fused keeps the padded one."""
+    q, k, v, do = _inputs(fresh_seed(), Nq=33, Nk=40, D=96)
+    with count_launches(split.bwd_dq_split_kernel) as dq_split, \
+            count_launches(split.bwd_dkdv_split_kernel) as dkdv_split, \
+            count_launches(fb.bwd_dkdv_kernel) as dkdv:
+        run_backward(q, k, v, do, True, False)
+        unfused = (dq_split[0], dkdv_split[0], dkdv[0])
+        run_backward(q, k, v, do, True, True)
+        fused = (dq_split[0] - unfused[0], dkdv_split[0] - unfused[1], dkdv[0] - unfused[2])
+    assert unfused[0] >= 1 and unfused[1] >= 1 and unfused[2] == 0, unfused
+    assert fused[0] == 0 and fused[1] == 0 and fused[2] >= 1, fused
 
 
 # ---------------------------------------------------------------------------------------
