@@ -13,8 +13,9 @@ Read it in this order:
 4. `bwd_dq_kernel`: the unfused alternative: one program per query block walks the KV
    blocks and owns its dQ rows outright (no atomics, but P and dP are recomputed). It
    runs before the dK/dV kernel and stores delta for it.
-5. `FlashAttentionFunction` and `flash_attention`: the autograd glue around the tuned
-   forward of `solutions/flash_tuned.py`.
+5. `TunedAttentionFunction` and `flash_attention`: the autograd glue around the tuned
+   forward of `solutions/flash_tuned.py` and the autotuned backward (head dims such as
+   160 go to `solutions/flash_backward_split.py`).
 Module 08's lesson also takes from here `softmax_backward`, `_accumulate_dq` (the fused
 path's atomic adds), `flash_backward` (the same kernels launched with fixed tiles) and
 `autograd_forward` / `autograd_backward` (an autograd Function's two methods).
@@ -558,7 +559,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     return dq, dk, dv
 
 
-class FlashAttentionFunction(torch.autograd.Function):
+class TunedAttentionFunction(torch.autograd.Function):
     """Autograd glue: the tuned forward saves (o, lse); the backward kernels use them."""
 
     @staticmethod
@@ -581,14 +582,15 @@ class FlashAttentionFunction(torch.autograd.Function):
 
 def flash_attention(q, k, v, causal=False, sm_scale=None, *, fused=FUSED_DEFAULT):
     """FlashAttention with gradients: returns (o, lse), differentiable in q, k, v."""
-    return FlashAttentionFunction.apply(q, k, v, causal, sm_scale, fused)
+    return TunedAttentionFunction.apply(q, k, v, causal, sm_scale, fused)
 
 
 # ---------------------------------------------------------------------------------------
 # The lesson's autograd exercise: FlashAttentionFunction's two methods as functions (the
-# notebook makes its class of them), and one training step's gradients through it. In the
-# notebook, `flash_attention` is module 05's forward and `flash_backward` the learner's
-# wrapper; here they are the tuned forward and the wrapper above, with the same contract.
+# notebook makes its class of them, as below), and one training step's gradients through
+# it. In the notebook, `flash_attention` is module 05's forward and `flash_backward` the
+# learner's wrapper; here they are the tuned forward and the wrapper above, with the same
+# contract: so the backward launches module 08's kernels, as the lesson's check demands.
 
 def autograd_forward(ctx, q, k, v, causal, sm_scale, fused):
     """FlashAttentionFunction.forward: (o, lse) from FlashAttention's forward, and on ctx
@@ -606,6 +608,13 @@ def autograd_backward(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale, fused=ctx.fused)
     return dq, dk, dv, None, None, None  # causal, sm_scale and fused have no gradient
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """The lesson's Function (the notebook builds the same): apply(q, k, v, causal,
+    sm_scale, fused). Training code uses `flash_attention` (TunedAttentionFunction)."""
+    forward = staticmethod(autograd_forward)
+    backward = staticmethod(autograd_backward)
 
 
 def attention_gradients(q, k, v, do, causal=False, sm_scale=None, fused=False):

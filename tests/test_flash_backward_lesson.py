@@ -241,7 +241,7 @@ CHECKED = {  # test cell -> (visible check, the reference objects it takes)
     "test_bwd_dq_kernel": ("check_bwd_dq_kernel", (fb.bwd_dq_kernel,)),
     "test_accumulate_dq": ("check_accumulate_dq", (fb.bwd_dkdv_kernel,)),
     "test_flash_backward": ("check_flash_backward", (fb.flash_backward, fb.bwd_dkdv_kernel)),
-    # attention_gradients of the answer key goes through its tuned FlashAttentionFunction
+    # attention_gradients of the answer key goes through the lesson's FlashAttentionFunction
     "test_flash_attention_function": ("check_flash_attention_function",
                                       (fb.attention_gradients, fb.bwd_dkdv_kernel)),
     "test_fused_tradeoff": ("check_choice", (fb.fused_tradeoff_answer,)),
