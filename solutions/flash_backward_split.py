@@ -242,14 +242,14 @@ def bwd_dq_split_kernel(
 # ---------------------------------------------------------------------------------------
 # Launch configurations, (BLOCK_M, BLOCK_N, num_warps, num_stages) best first, per class
 # of tile width (BLOCK_D + BLOCK_D2: 48, 80, 96 in the 128 class, 144-192 in the 192
-# class). Sweep on the device (solutions/PERF.md, issue 14, "Split backward").
+# class), from a sweep on an H200 (solutions/PERF.md, "3e. The backward in two column blocks").
 
 INTERPRET_CONFIG = dict(BLOCK_M=32, BLOCK_N=32)
 SHORTLIST = {
-    "dkdv": {128: [(64, 128, 8, 2), (32, 128, 8, 3)],
-             192: [(64, 64, 8, 2), (64, 128, 8, 2), (32, 128, 8, 2)]},
-    "dq": {128: [(64, 64, 4, 2), (64, 32, 4, 3)],
-           192: [(64, 64, 4, 2), (128, 64, 8, 1), (128, 64, 8, 2)]},
+    "dkdv": {128: [(64, 128, 8, 2), (64, 64, 4, 3), (64, 128, 8, 3)],
+             192: [(64, 128, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2)]},
+    "dq": {128: [(64, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 2)],
+           192: [(128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 2)]},
 }
 FP32_SHORTLIST = {"dkdv": [(32, 64, 4, 2)], "dq": [(64, 32, 4, 2)]}  # exact fp32 dots, FMA units
 
