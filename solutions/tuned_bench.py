@@ -551,7 +551,9 @@ def _warm(section, index, tutorial, lengths):
                 if name.startswith("ours"):
                     fn()
             q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-            _dims_impls(case, q, k, v, True)["ours"](torch.randn_like(q))
+            train = _dims_impls(case, q, k, v, True)
+            for name in ("ours", "ours-padded"):
+                train[name](torch.randn_like(q))
         elif section == "train":
             q, k, v = (t.to(case["dtype"]).requires_grad_(True) for t in _inputs(case))
             for name, fn in _train_impls(case, q, k, v).items():
