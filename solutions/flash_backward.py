@@ -357,20 +357,21 @@ def bwd_dq_kernel(
 # ---------------------------------------------------------------------------------------
 # Launch configurations. The interpreter takes one small config (it cannot autotune);
 # on a GPU each kernel is autotuned over a shortlist per head-dim bucket, taken from
-# sweeps on an H100 (buckets 64, 128) and an H200 (bucket 256: D = 160, 192, 256)
+# sweeps on an H100 (buckets 64, 128; the unfused 64 bucket again on an H200) and an
+# H200 (bucket 256: D = 160, 192, 256)
 # (solutions/PERF.md, "## Backward"). Entries are (BLOCK_M, BLOCK_N, num_warps,
 # num_stages), best first.
 
 INTERPRET_CONFIG = dict(BLOCK_M=32, BLOCK_N=32)
 SHORTLIST = {
-    "dkdv": {64: [(64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)],
+    "dkdv": {64: [(64, 128, 4, 3), (32, 128, 4, 4), (64, 128, 8, 2)],
              128: [(64, 128, 8, 2), (32, 128, 8, 3)],
              256: [(64, 64, 8, 2), (32, 64, 8, 2)]},
     # The fused kernel also holds a [BLOCK_M, D] dQ tile per step, so it likes other tiles.
     "dkdv_fused": {64: [(64, 128, 8, 3), (64, 64, 4, 3)],
                    128: [(64, 128, 8, 2), (32, 128, 8, 3)],
                    256: [(64, 64, 8, 1), (32, 64, 4, 2)]},
-    "dq": {64: [(128, 64, 8, 3), (64, 64, 4, 3)],
+    "dq": {64: [(128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
            128: [(64, 64, 4, 2), (64, 32, 4, 3)],
            256: [(64, 64, 4, 2), (128, 64, 8, 1), (64, 32, 4, 2)]},
 }
