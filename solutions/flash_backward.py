@@ -383,22 +383,21 @@ def _zero_dq(nargs):
     nargs["DQ"].zero_()  # fused dQ accumulates: every trial (and the real run) starts at 0
 
 
-def _autotuned(kernel, which):
-    """The kernel autotuned over the shortlist of `which` that suits each call's shape."""
-    shapes = {c for bucket in SHORTLIST[which].values() for c in bucket} | set(FP32_SHORTLIST[which])
-    # A config's pre_hook runs before every trial and before the chosen run, on every
-    # Triton version: it keeps the atomically accumulated dQ right while tuning.
-    hook = _zero_dq if which == "dkdv_fused" else None
+def _autotuned(kernel, buckets, fp32, width_of, hook=None):
+    """The kernel autotuned over the shortlist of `buckets` (tile width -> configs) whose
+    width is the smallest >= each call's `width_of(arguments)`; `fp32` for fp32 inputs.
+    (Also used by solutions/flash_backward_split.py.)"""
+    shapes = {c for bucket in buckets.values() for c in bucket} | set(fp32)
     configs = [triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn), num_warps=w, num_stages=st, pre_hook=hook)
                for bm, bn, w, st in sorted(shapes)]
 
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
-        block_d = args["BLOCK_D"]
         if args["Q"].element_size() == 4:
-            wanted = FP32_SHORTLIST[which]
+            wanted = fp32
         else:
-            wanted = SHORTLIST[which][64 if block_d <= 64 else 128 if block_d <= 128 else 256]
+            width = width_of(args)
+            wanted = buckets[min(b for b in buckets if b >= width)]
         by_shape = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages): c
                     for c in configs}
         return [by_shape[w] for w in wanted]
@@ -407,9 +406,16 @@ def _autotuned(kernel, which):
                            prune_configs_by={"early_config_prune": prune})(kernel)
 
 
-_dkdv_tuned = _autotuned(bwd_dkdv_kernel, "dkdv")
-_dkdv_fused_tuned = _autotuned(bwd_dkdv_kernel, "dkdv_fused")
-_dq_tuned = _autotuned(bwd_dq_kernel, "dq")
+def _block_d(args):
+    return args["BLOCK_D"]
+
+
+_dkdv_tuned = _autotuned(bwd_dkdv_kernel, SHORTLIST["dkdv"], FP32_SHORTLIST["dkdv"], _block_d)
+# A config's pre_hook runs before every trial and before the chosen run, on every Triton
+# version: it keeps the atomically accumulated dQ right while tuning.
+_dkdv_fused_tuned = _autotuned(bwd_dkdv_kernel, SHORTLIST["dkdv_fused"], FP32_SHORTLIST["dkdv_fused"],
+                               _block_d, hook=_zero_dq)
+_dq_tuned = _autotuned(bwd_dq_kernel, SHORTLIST["dq"], FP32_SHORTLIST["dq"], _block_d)
 
 # Measured on an H100 (PERF.md, "## Backward"): the separate dQ kernel beat the atomics
 # in 18 of 24 fwd+bwd cases (by up to 16%; the atomics won by up to 9% at D = 64 causal
@@ -490,7 +496,8 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None,
     fused=True computes dQ inside the dK/dV kernel with atomics (one kernel fewer, an
     fp32 dQ buffer more); fused=False runs the separate dQ kernel.
     config: {"dkdv": {...}, "dq": {...}} of BLOCK_M, BLOCK_N, num_warps, num_stages to
-    bypass the autotuner (for tuning sweeps); None uses the autotuner on a GPU.
+    bypass the autotuner (tuning sweeps; tests of every shortlisted config, which the
+    interpreter runs too); None uses the autotuner on a GPU, small tiles in the interpreter.
     """
     B, H, Hkv, Nq, Nk, D = check_backward_inputs(q, k, v, o, lse, do)
     return _backward(q, k, v, o, lse.contiguous(), do, bool(causal), default_scale(sm_scale, D),
@@ -499,6 +506,21 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None,
 
 def _cdiv(a, b):
     return (a + b - 1) // b  # triton.cdiv is a JIT function: ~6 us per host-side call
+
+
+def _launcher(config, consts, key):
+    """launch(kernel, tuned, which, grid, *args, **kwargs): the kernel with config[which]
+    where a config is given (sweeps, tests; the interpreter too), else the interpreter's
+    small tiles, else the autotuned kernel `tuned` through flash_tuned.launch_tuned.
+    grid(meta) makes the grid of a config's meta-parameters."""
+    def launch(kernel, tuned, which, grid, *args, **kwargs):
+        if config is not None:
+            kernel[grid(config[which])](*args, **kwargs, **consts, **config[which])
+        elif course.INTERPRET:
+            kernel[grid(INTERPRET_CONFIG)](*args, **kwargs, **consts, **INTERPRET_CONFIG)
+        else:
+            flash_tuned.launch_tuned(tuned, grid, key, *args, **kwargs, **consts)
+    return launch
 
 
 def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
@@ -528,13 +550,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     key = (Nq, Nk, D, causal, H // Hkv, q.dtype)  # the autotuners' key, and the dtype
 
-    def launch(kernel, tuned, which, grid, *args, **kwargs):
-        if course.INTERPRET:
-            kernel[grid(INTERPRET_CONFIG)](*args, **kwargs, **consts, **INTERPRET_CONFIG)
-        elif config is not None:
-            kernel[grid(config[which])](*args, **kwargs, **consts, **config[which])
-        else:
-            flash_tuned.launch_tuned(tuned, grid, key, *args, **kwargs, **consts)
+    launch = _launcher(config, consts, key)
 
     def launch_dkdv(dq):
         launch(bwd_dkdv_kernel, _dkdv_fused_tuned if fused else _dkdv_tuned, "dkdv",

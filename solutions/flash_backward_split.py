@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from solutions import flash_tuned
-from solutions.flash_backward import LOG2E_C, _cdiv, _load_rows, _row_delta
+from solutions.flash_backward import LOG2E_C, _autotuned, _cdiv, _launcher, _load_rows, _row_delta
 from solutions.flash_forward import dot_precision
 
 
@@ -244,7 +244,6 @@ def bwd_dq_split_kernel(
 # of tile width (BLOCK_D + BLOCK_D2: 48, 80, 96 in the 128 class, 144-192 in the 192
 # class), from a sweep on an H200 (solutions/PERF.md, "3e. The backward in two column blocks").
 
-INTERPRET_CONFIG = dict(BLOCK_M=32, BLOCK_N=32)
 SHORTLIST = {
     "dkdv": {128: [(64, 128, 8, 2), (64, 64, 4, 3), (64, 128, 8, 3)],
              192: [(64, 128, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2)]},
@@ -254,34 +253,19 @@ SHORTLIST = {
 FP32_SHORTLIST = {"dkdv": [(32, 64, 4, 2)], "dq": [(64, 32, 4, 2)]}  # exact fp32 dots, FMA units
 
 
-def _autotuned(kernel, which):
-    shapes = {c for bucket in SHORTLIST[which].values() for c in bucket} | set(FP32_SHORTLIST[which])
-    configs = [triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn), num_warps=w, num_stages=st)
-               for bm, bn, w, st in sorted(shapes)]
-
-    def prune(configs, named_args, **kwargs):
-        args = {**named_args, **kwargs}
-        if args["Q"].element_size() == 4:
-            wanted = FP32_SHORTLIST[which]
-        else:
-            wanted = SHORTLIST[which][128 if args["BLOCK_D"] + args["BLOCK_D2"] <= 128 else 192]
-        by_shape = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages): c
-                    for c in configs}
-        return [by_shape[w] for w in wanted]
-
-    return triton.autotune(configs, key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP"],
-                           prune_configs_by={"early_config_prune": prune})(kernel)
+def _width(args):
+    return args["BLOCK_D"] + args["BLOCK_D2"]
 
 
-_dkdv_tuned = _autotuned(bwd_dkdv_split_kernel, "dkdv")
-_dq_tuned = _autotuned(bwd_dq_split_kernel, "dq")
+_dkdv_tuned = _autotuned(bwd_dkdv_split_kernel, SHORTLIST["dkdv"], FP32_SHORTLIST["dkdv"], _width)
+_dq_tuned = _autotuned(bwd_dq_split_kernel, SHORTLIST["dq"], FP32_SHORTLIST["dq"], _width)
 
 
 def backward_split(q, k, v, o, lse, do, causal, scale, columns, config=None):
     """(dq, dk, dv) on checked inputs, as `flash_backward._backward` (unfused) makes them:
     q, k, v with the head dim contiguous, o, do and lse contiguous. columns: the
-    (BLOCK_D, BLOCK_D2) of `flash_tuned.column_blocks`. config: {"dkdv": {...}, "dq": {...}} to
-    bypass the autotuner (sweeps)."""
+    (BLOCK_D, BLOCK_D2) of `flash_tuned.column_blocks`. config: as in
+    `flash_attention_backward`."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     consts = dict(GROUP=H // Hkv, CAUSAL=causal, HEAD_DIM=D, BLOCK_D=columns[0],
@@ -293,14 +277,7 @@ def backward_split(q, k, v, o, lse, do, causal, scale, columns, config=None):
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     key = (Nq, Nk, D, causal, H // Hkv, q.dtype)
 
-    def launch(kernel, tuned, which, grid, *args):
-        if course.INTERPRET:
-            kernel[grid(INTERPRET_CONFIG)](*args, **consts, **INTERPRET_CONFIG)
-        elif config is not None:
-            kernel[grid(config[which])](*args, **consts, **config[which])
-        else:
-            flash_tuned.launch_tuned(tuned, grid, key, *args, **consts)
-
+    launch = _launcher(config, consts, key)
     launch(bwd_dq_split_kernel, _dq_tuned, "dq", lambda c: (_cdiv(Nq, c["BLOCK_M"]), B * H),
            q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
     launch(bwd_dkdv_split_kernel, _dkdv_tuned, "dkdv",

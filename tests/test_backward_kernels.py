@@ -232,6 +232,51 @@ def test_split_head_dims_run_the_split_kernels():
     assert fused[0] == 0 and fused[1] == 0 and fused[2] >= 1, fused
 
 
+def _shortlisted():
+    """(id, D, fp32, fused, config) for every config the backward's autotuners may pick on
+    a GPU (module 08's kernels per head-dim bucket, the split kernels per width class, and
+    the fp32 lists of both), the other kernel at its bucket's first config."""
+    def tiles(t):
+        return dict(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3])
+
+    def fp32(table):
+        return {which: {"fp32": entries} for which, entries in table.items()}
+    tables = [("padded", fb.SHORTLIST, {64: 64, 128: 128, 256: 256}),
+              ("split", split.SHORTLIST, {128: 96, 192: 160}),
+              ("padded", fp32(fb.FP32_SHORTLIST), {"fp32": 24}),
+              ("split", fp32(split.FP32_SHORTLIST), {"fp32": 48})]
+    cases = []
+    for kind, table, dims in tables:
+        for which, buckets in table.items():
+            other = "dq" if which == "dkdv" else "dkdv"
+            for bucket, entries in buckets.items():
+                for t in entries:
+                    config = {"dkdv": tiles(t)} if which == "dkdv_fused" else {
+                        which: tiles(t), other: tiles(table[other][bucket][0])}
+                    cases.append((f"{kind}-{which}-{bucket}-{'x'.join(map(str, t))}", dims[bucket],
+                                  bucket == "fp32", which == "dkdv_fused", config))
+    return cases
+
+
+SHORTLISTED = _shortlisted()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D, fp32, fused, config", [c[1:] for c in SHORTLISTED], ids=[c[0] for c in SHORTLISTED])
+def test_every_shortlisted_config_computes_the_gradients(D, fp32, fused, config, causal):
+    """Each tile shape the autotuners may choose, on lengths ragged for every tile (97
+    queries, 70 keys) with GQA: the block ranges (diagonal, unmasked middle, ragged tail)
+    depend on the tiles. fp32 in the interpreter (tiles honoured, warps and stages not);
+    on a GPU fp16, except the fp32 configs."""
+    seed = fresh_seed()
+    dtype = torch.float32 if fp32 or not ON_GPU else torch.float16
+    q, k, v, do = _inputs(seed, 1, 4, 2, 97, 70, D, dtype)
+    o, lse = fb.flash_attention(q, k, v, causal=causal)
+    grads = fb.flash_attention_backward(q, k, v, o, lse, do, causal=causal, fused=fused, config=config)
+    _, *refs = reference(q, k, v, do, causal)
+    check_grads(grads, refs, dtype, f"seed={seed} D={D} fused={fused} causal={causal} {config}")
+
+
 # ---------------------------------------------------------------------------------------
 # Bad input.
 
