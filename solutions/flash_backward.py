@@ -182,6 +182,28 @@ def _dkdv_q_blocks(
     return dk, dv
 
 
+@triton.jit
+def _dkdv_stages(start_n, N_Q, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """(lo, diag_end, full_end): the query blocks [lo, N_Q) that the keys start_n ...
+    start_n + BLOCK_N - 1 need, in three stages: [lo, diag_end) masked, [diag_end,
+    full_end) without masks, [full_end, N_Q) masked."""
+    # Causal: rows i < start_n see none of these keys, so the walk starts at the query
+    # block holding row start_n (skipping the blocks above the diagonal); the blocks that
+    # cross the diagonal need the causal mask. After them come full blocks without masks,
+    # then the ragged last query block. A ragged KV block (past N_K) masks every block.
+    n_q_ceil = tl.cdiv(N_Q, BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        diag_end = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, n_q_ceil)
+    else:
+        lo = 0
+        diag_end = 0
+    full_end = tl.where(start_n + BLOCK_N <= N_K, (N_Q // BLOCK_M) * BLOCK_M, diag_end)
+    full_end = tl.maximum(full_end, diag_end)
+    return lo, diag_end, full_end
+
+
 @triton.jit(do_not_specialize=["N_Q", "N_K"])  # lengths only bound loops and masks
 def bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
@@ -217,20 +239,7 @@ def bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     qk_scale = sm_scale * LOG2E_C
 
-    # Which query blocks need masks. Causal: rows i < start_n see none of these keys, so
-    # the walk starts at the query block holding row start_n (skipping the blocks above
-    # the diagonal); the blocks that cross the diagonal need the causal mask. After them
-    # come full blocks without masks, then the ragged last query block. A ragged KV block
-    # (past N_K) masks every query block.
-    n_q_ceil = tl.cdiv(N_Q, BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-        diag_end = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, n_q_ceil)
-    else:
-        lo = 0
-        diag_end = 0
-    full_end = tl.where(start_n + BLOCK_N <= N_K, (N_Q // BLOCK_M) * BLOCK_M, diag_end)
-    full_end = tl.maximum(full_end, diag_end)
+    lo, diag_end, full_end = _dkdv_stages(start_n, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
 
     # GQA: this K/V head serves GROUP query heads; their contributions add up here, so
     # dK and dV need neither atomics nor a reduction afterwards.
@@ -287,6 +296,21 @@ def _dq_kv_blocks(
     return dq
 
 
+@triton.jit
+def _dq_stages(start_m, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(full_end, hi): the key blocks that the query rows start_m ... start_m + BLOCK_M - 1
+    need, [0, full_end) without masks, then [full_end, hi) masked."""
+    # KV blocks entirely at or below every row's diagonal (and inside N_K) go unmasked;
+    # causal: the walk stops after the block holding key start_m + BLOCK_M - 1.
+    if CAUSAL:
+        hi = tl.minimum(N_K, start_m + BLOCK_M)
+        full_end = tl.minimum(((start_m + 1) // BLOCK_N) * BLOCK_N, (N_K // BLOCK_N) * BLOCK_N)
+    else:
+        hi = N_K
+        full_end = (N_K // BLOCK_N) * BLOCK_N
+    return full_end, hi
+
+
 @triton.jit(do_not_specialize=["N_Q", "N_K"])
 def bwd_dq_kernel(
     Q, K, V, DO, O, LSE, DELTA, DQ,
@@ -332,14 +356,7 @@ def bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = sm_scale * LOG2E_C
 
-    # KV blocks entirely at or below every row's diagonal (and inside N_K) go unmasked;
-    # causal: the walk stops after the block holding key start_m + BLOCK_M - 1.
-    if CAUSAL:
-        hi = tl.minimum(N_K, start_m + BLOCK_M)
-        full_end = tl.minimum(((start_m + 1) // BLOCK_N) * BLOCK_N, (N_K // BLOCK_N) * BLOCK_N)
-    else:
-        hi = N_K
-        full_end = (N_K // BLOCK_N) * BLOCK_N
+    full_end, hi = _dq_stages(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh  # (the head dim is contiguous)
     dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,

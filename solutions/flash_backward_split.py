@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from solutions import flash_tuned
-from solutions.flash_backward import LOG2E_C, _autotuned, _cdiv, _launcher, _load_rows, _row_delta
+from solutions.flash_backward import (LOG2E_C, _autotuned, _cdiv, _dkdv_stages, _dq_stages, _launcher,
+                                      _load_rows, _row_delta)
 from solutions.flash_forward import dot_precision
 
 
@@ -115,17 +116,7 @@ def bwd_dkdv_split_kernel(
     dv2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=tl.float32)
     qk_scale = sm_scale * LOG2E_C
 
-    # The query blocks in three stages, as in module 08: masked diagonal (causal), the
-    # unmasked middle, the masked ragged tail (every block masked for a ragged KV block).
-    n_q_ceil = tl.cdiv(N_Q, BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-        diag_end = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, n_q_ceil)
-    else:
-        lo = 0
-        diag_end = 0
-    full_end = tl.where(start_n + BLOCK_N <= N_K, (N_Q // BLOCK_M) * BLOCK_M, diag_end)
-    full_end = tl.maximum(full_end, diag_end)
+    lo, diag_end, full_end = _dkdv_stages(start_n, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     for g in range(GROUP):  # GQA: the query heads sharing this K/V head add up here
         h = h_kv * GROUP + g
         q_base = Q + b * stride_qb + h * stride_qh
@@ -219,12 +210,7 @@ def bwd_dq_split_kernel(
     dq2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
     qk_scale = sm_scale * LOG2E_C
 
-    if CAUSAL:
-        hi = tl.minimum(N_K, start_m + BLOCK_M)
-        full_end = tl.minimum(((start_m + 1) // BLOCK_N) * BLOCK_N, (N_K // BLOCK_N) * BLOCK_N)
-    else:
-        hi = N_K
-        full_end = (N_K // BLOCK_N) * BLOCK_N
+    full_end, hi = _dq_stages(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
     dq, dq2 = _dq_kv_blocks_split(dq, dq2, q, q2, do, do2, lse2, delta, k_base, v_base,

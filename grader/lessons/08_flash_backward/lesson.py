@@ -356,7 +356,9 @@ checks.check_bwd_preprocess_kernel(bwd_preprocess_kernel)
 # The simplest right kernel calls `_dkdv_q_blocks` once per head, over `[lo, N_Q)` with
 # `MASK=True`. A faster one splits that range: the blocks crossing the diagonal (causal), then
 # the blocks needing no mask, then the ragged last block; when this program's key block is
-# itself ragged (`start_n + BLOCK_N > N_K`), every block needs the key mask. Both pass.
+# itself ragged (`start_n + BLOCK_N > N_K`), every block needs the key mask. Both pass. The
+# cell has a place for the split, `_dkdv_stages`, returning the three boundaries; a kernel that
+# does not split never calls it, and may leave it as it is.
 #
 # The check launches it on `(cdiv(Nk, BLOCK_N), B · Hkv)` with `FUSED_DQ=False` (it must then
 # leave `DQ` alone), blocks of 16 or 32 (not always equal), `Nq != Nk` both ways and ragged,
@@ -367,6 +369,7 @@ checks.check_bwd_preprocess_kernel(bwd_preprocess_kernel)
 
 # %% nbgrader={"grade": false, "grade_id": "bwd_dkdv_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: flash_backward._dkdv_q_blocks
+# solution: flash_backward._dkdv_stages
 # solution: flash_backward.bwd_dkdv_kernel
 
 # %% nbgrader={"grade": true, "grade_id": "test_bwd_dkdv_kernel", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
@@ -392,7 +395,8 @@ checks.check_bwd_dkdv_kernel(bwd_dkdv_kernel)
 #
 # and the kernel stores `dq · sm_scale` in `DQ`'s dtype. With `CAUSAL` the walk stops at
 # `min(N_K, start_m + BLOCK_M)`; key blocks that end at or before the block's first row
-# (`start_m`) and lie inside `N_K` need no mask (`MASK=False`). Causal programs of later query
+# (`start_m`) and lie inside `N_K` need no mask (`MASK=False`): `_dq_stages` is the place for
+# those two boundaries (optional, as `_dkdv_stages` is). Causal programs of later query
 # blocks have more keys to walk: starting them first
 # (`pid_m = tl.num_programs(0) − 1 − tl.program_id(0)`) shortens the GPU's last wave; it
 # changes no result.
@@ -402,6 +406,7 @@ checks.check_bwd_dkdv_kernel(bwd_dkdv_kernel)
 
 # %% nbgrader={"grade": false, "grade_id": "bwd_dq_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # solution: flash_backward._dq_kv_blocks
+# solution: flash_backward._dq_stages
 # solution: flash_backward.bwd_dq_kernel
 
 # %% nbgrader={"grade": true, "grade_id": "test_bwd_dq_kernel", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
