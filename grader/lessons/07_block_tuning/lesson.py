@@ -639,10 +639,19 @@ plt.show()
 # 5. **Host time.** After the first call of a shape, the chosen configuration is launched
 #    directly, skipping the autotuner's dispatch (~10 µs per launch, which matters at short
 #    sequences).
+# 6. **Head dims that are not powers of two.** `tl.arange` needs power-of-two lengths, so
+#    module 05's kernel computes `D = 160` as 256 columns (60% more products, and a 256-wide
+#    accumulator that forces small blocks). The tuned kernels cut such a head dim into two
+#    power-of-two column blocks (160 = 128 + 32): two `Q` tiles whose products add into one
+#    score tile, two accumulators sharing `P`; shared memory is this module's `smem_bytes`
+#    summed over the two. Forward: 1.32-1.40x the padded kernel at `D = 160`, 1.12-1.25x at
+#    192 (H100); forward and backward together: 1.74-2.09x at 160, 1.55-1.90x at 192 (H200).
 #
-# Tried without gain: Triton 3.6's warp specialization (402 against 396 TFLOPS), 256-row
-# query blocks (register pressure), two stages (10-20% slower). What is left, cuDNN's
-# lead, is overlapping the exponentials of one tile with the products of another.
+# Tried without gain: Triton 3.6's warp specialization with plain pointer loads (402 against
+# 396 TFLOPS; with tensor descriptors it gained 4% at `N = 4096` and lost 4% at `N = 1024`,
+# so those configurations only compete in the autotuner), 256-row query blocks (register
+# pressure), two stages (10-20% slower). What is left, cuDNN's lead, is overlapping the
+# exponentials of one tile with the products of another.
 #
 # The figures (fp16, `N = 16384`, TFLOPS): module 05's kernel with its default blocks
 # (128 x 64), the same kernel at the best configuration of this module's sweep, the tuned
