@@ -10,9 +10,10 @@ products that add into one tile, every product along it becomes two:
     S  = Q1 K1^T + Q2 K2^T          dP = dO1 V1^T + dO2 V2^T
     dV = [P^T dO1, P^T dO2]         dK = scale * [dS^T Q1, dS^T Q2]
     dQ = scale * [dS K1, dS K2]     delta = rowsum(dO1 * O1) + rowsum(dO2 * O2)
-The walks over blocks (causal ranges, unmasked middle, ragged edges), the contract and
-the launch order are module 08's unfused path: the dQ kernel first (it also stores
-delta), then the dK/dV kernel. `flash_backward._backward` sends split head dims here.
+The walks over blocks (module 08's `_dkdv_stages` and `_dq_stages`: causal ranges,
+unmasked middle, ragged edges), the autotuning, the contract and the launch order are
+module 08's unfused path: the dQ kernel first (it also stores delta), then the dK/dV
+kernel. `flash_backward._backward` sends split head dims here.
 """
 import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
 import torch
