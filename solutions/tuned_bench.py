@@ -381,23 +381,24 @@ def run_dims(case):
                            _flops(B, case["N"], case["D"], c))
     for t in (q, k, v):
         t.requires_grad_(True)
+    return rows + _train_rows(case, q, k, v, _dims_impls(case, q, k, v, True))
+
+
+def _train_rows(case, q, k, v, impls):
+    """Check the training steps `impls` (name -> fn(do)) against SDPA's gradients, then
+    time them; q, k, v require gradients."""
+    c = case["causal"]
     do = torch.randn_like(q)
     o = F.scaled_dot_product_attention(q, k, v, is_causal=c)
     expected = [o.detach()] + list(torch.autograd.grad(o, (q, k, v), do))
-    rows += _check_and_time(case, "fwd+bwd", _dims_impls(case, q, k, v, True), expected,
-                            _flops(B, case["N"], case["D"], c, True), train_grads=[q, k, v], do=do)
-    return rows
+    return _check_and_time(case, "fwd+bwd", impls, expected,
+                           _flops(q.shape[0], case["N"], case["D"], c, True), train_grads=[q, k, v], do=do)
 
 
 def run_train(case):
     """fwd+bwd at D = 64 / 128 (fp16, bf16): ours, FA2, cuDNN, the tutorial (fp16)."""
     q, k, v = (t.to(case["dtype"]).requires_grad_(True) for t in _inputs(case))
-    c = case["causal"]
-    do = torch.randn_like(q)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=c)
-    expected = [o.detach()] + list(torch.autograd.grad(o, (q, k, v), do))
-    return _check_and_time(case, "fwd+bwd", _train_impls(case, q, k, v), expected,
-                           _flops(q.shape[0], case["N"], case["D"], c, True), train_grads=[q, k, v], do=do)
+    return _train_rows(case, q, k, v, _train_impls(case, q, k, v))
 
 
 def run_check(case):
@@ -608,6 +609,11 @@ def _get(rows, impl, field="tflops"):
     return None
 
 
+def _best(rows, *impls):
+    """The highest TFLOPS among `impls` that passed, or None."""
+    return max([x for x in (_get(rows, i) for i in impls) if x] or [0]) or None
+
+
 def _ratio(a, b):
     return f"{a / b:5.2f}" if a and b else "  n/a"
 
@@ -643,12 +649,12 @@ def print_tables(all_rows):
             line = f"{dtype[:8]:8} {D:>3} {N:>5} {'y' if str(causal) == 'True' else 'n'} | " + " ".join(f"{c:>11}" for c in cells)
             ours = _get(rows, "ours")
             if section == "fwd":
-                tut = max([x for x in (_get(rows, "tut"), _get(rows, "tut-ws")) if x] or [0]) or None
+                tut = _best(rows, "tut", "tut-ws")
                 cfg = next((r["config"] for r in rows if r["impl"] == "ours"), "")
                 line += f" | {_ratio(ours, tut)} {_ratio(ours, _get(rows, 'cuDNN'))} {_ratio(ours, _get(rows, 'FA2'))} | {cfg}"
             elif section == "fp8":
                 f16, e4, e5 = _get(rows, "fp16"), _get(rows, "e4m3"), _get(rows, "e5m2")
-                tut = max([x for x in (_get(rows, "tut-e5m2"), _get(rows, "tut-e5m2-ws")) if x] or [0]) or None
+                tut = _best(rows, "tut-e5m2", "tut-e5m2-ws")
                 err = {r["impl"]: r["err"] for r in rows}
                 kerr = {r["impl"]: r["err_kernel"] for r in rows}
                 cfg = next((r["config"] for r in rows if r["impl"] == "e4m3"), "")
@@ -660,7 +666,7 @@ def print_tables(all_rows):
                 line += (f" | {_ratio(ours, _get(rows, 'FA2'))} {_ratio(ours, _get(rows, 'cuDNN'))}"
                          f" {_ratio(ours, _get(rows, 'ours-padded'))} | {cfg}")
             elif section == "train":
-                tut = max([x for x in (_get(rows, "tut"), _get(rows, "tut-ws")) if x] or [0]) or None
+                tut = _best(rows, "tut", "tut-ws")
                 line += f" | {_ratio(ours, _get(rows, 'FA2'))} {_ratio(ours, _get(rows, 'cuDNN'))} {_ratio(ours, tut)}"
             elif section == "check":
                 r = rows[0]
@@ -676,7 +682,7 @@ def main(argv=None):
     global TUT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="fwd,fp8,dims,train,small", help="sections, comma-separated")
-    parser.add_argument("--tutorial", help="path of a copy of Triton's tutorial 06 forward")
+    parser.add_argument("--tutorial", help="path of a copy of Triton's tutorial 06 (see above)")
     parser.add_argument("--jobs", type=int, default=0, help="processes that compile ahead (0: none)")
     parser.add_argument("--lengths", default="1024,4096,16384", help="sequence lengths N (fwd, fp8, dims, train)")
     parser.add_argument("--reps", type=int, default=4, help="repetitions of the small cases")
