@@ -552,8 +552,8 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     # The kernels' layout contract: q, k, v in any strides with head_dim contiguous (as
     # the forward takes them); o, dO and every buffer made here contiguous, indexed by
     # shape: fewer kernel arguments, and each costs host time at every launch (PERF.md).
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    o, do = o.contiguous(), do.contiguous()
+    q, k, v = (flash_tuned.kernel_input(t) for t in (q, k, v))
+    o, do = (flash_tuned.kernel_input(t, contiguous=True) for t in (o, do))
     columns = flash_tuned.column_blocks(D)
     if columns[1] and flash_tuned.SPLIT_D and not fused:
         # A head dim like 160 or 192: two power-of-two column blocks instead of one padded

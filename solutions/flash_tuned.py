@@ -468,6 +468,19 @@ def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
     )
 
 
+def kernel_input(t, contiguous=False):
+    """t as the tuned kernels take a tensor, copied where it is not already: the head dim
+    contiguous (rows load as wide vectors; with `contiguous`, the whole tensor, for those
+    the kernels index by shape), and the first element on a 16-byte boundary. Triton
+    compiles apart the kernels for pointers it cannot prove aligned, and with Triton 3.6
+    on the H200 such a launch at D = 160 faulted (PERF.md 3f); such inputs are rare (a
+    tensor one element into a buffer), so copying them costs less than trusting them."""
+    laid_out = t.is_contiguous() if contiguous else t.stride(-1) == 1
+    if laid_out and t.data_ptr() % 16 == 0:
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
     """FlashAttention forward, tuned. Returns (o, lse) like `flash_attention`:
     o in q's shape and dtype, lse [B, H, Nq] fp32 natural-log log-sum-exp of the scaled
@@ -477,8 +490,7 @@ def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
                         "use solutions.flash_tuned.flash_attention_fp8")
     B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
     scale = default_scale(sm_scale, D)
-    # Unit stride along head_dim lets rows load as wide vectors (copy the rare others).
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = (kernel_input(t) for t in (q, k, v))
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
     key = (Nq, Nk, D, bool(causal), q.dtype)  # the autotuner's key, and the dtype
@@ -551,8 +563,9 @@ def transpose_v_fp8(v):
     """V laid out as Hopper's FP8 products want it: a [B, Hkv, Nk, D] view of a
     [B, Hkv, D, Nk] contiguous buffer (keys contiguous). flash_attention_fp8 makes this
     copy itself when v is not so laid out; callers that keep V (a KV cache) may store it
-    this way once and skip the copy on every call."""
-    return v.transpose(-1, -2).contiguous().transpose(-1, -2)
+    this way once and skip the copy on every call. Always a new (aligned) buffer."""
+    vt = torch.empty((*v.shape[:-2], v.shape[-1], v.shape[-2]), dtype=v.dtype, device=v.device)
+    return vt.copy_(v.transpose(-1, -2)).transpose(-1, -2)
 
 
 def _descale_arg(value, device, name):
@@ -586,8 +599,8 @@ def flash_attention_fp8(q, k, v, causal=False, sm_scale=None, *, descale_q=None,
     """
     B, H, Hkv, Nq, Nk, D = check_fp8_inputs(q, k, v, out_dtype)
     scale = default_scale(sm_scale, D)
-    q, k = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k))
-    if v.stride(-2) != 1:
+    q, k = (kernel_input(t) for t in (q, k))
+    if v.stride(-2) != 1 or v.data_ptr() % 16:
         v = transpose_v_fp8(v)
     descales = tuple(_descale_arg(d, q.device, n) for d, n in
                      ((descale_q, "descale_q"), (descale_k, "descale_k"), (descale_v, "descale_v")))

@@ -8,7 +8,7 @@
 Sections (H = 16, B * N = 16384, N in 1024 / 4096 / 16384, causal or not):
 - check: small shapes (ragged lengths, GQA, a [B, N, H, D] layout, D = 64 ... 256, fp16,
          bf16 and both FP8 formats) against float64, before anything is timed.
-- fwd:   fp16 forward, D = 64 / 128: ours (autotuned; warp-specialized configs allowed),
+- fwd:   fp16 and bf16 forward, D = 64 / 128: ours (autotuned; warp-specialized configs allowed),
          ours without them ("nows"), SDPA's FlashAttention-2 and cuDNN backends, and
          Triton's fused-attention tutorial (06) without and with warp specialization.
 - fp8:   the FP8 forward (e4m3 and e5m2, per-tensor scales from `quantize_fp8`) against
@@ -122,10 +122,11 @@ def _with(module, name, value, fn):
 # Cases
 
 def fwd_cases():
-    for D in (64, 128):
-        for causal in (False, True):
-            for N in LENGTHS:
-                yield dict(section="fwd", dtype=torch.float16, D=D, N=N, causal=causal)
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in (64, 128):
+            for causal in (False, True):
+                for N in LENGTHS:
+                    yield dict(section="fwd", dtype=dtype, D=D, N=N, causal=causal)
 
 
 def fp8_cases():
@@ -314,7 +315,7 @@ def _check_and_time(case, mode, impls, expected, flops, train_grads=None, do=Non
 
 
 def run_fwd(case):
-    q, k, v = (t.half() for t in _inputs(case))
+    q, k, v = (t.to(case["dtype"]) for t in _inputs(case))
     expected = F.scaled_dot_product_attention(q, k, v, is_causal=case["causal"])
     return _check_and_time(case, "fwd", _fwd_impls(case, q, k, v), expected,
                            _flops(q.shape[0], case["N"], case["D"], case["causal"]))

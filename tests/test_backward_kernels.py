@@ -113,6 +113,29 @@ def test_non_contiguous_inputs_and_grad_output(fused):
     check_grads(grads, refs, torch.float32, f"seed={seed} non-contiguous fused={fused}")
 
 
+def _off_alignment(t):
+    """t's values in a tensor that starts one element into its buffer (2 or 4 bytes off
+    a 16-byte boundary), as a slice of a wider buffer would."""
+    moved = torch.cat([t.new_zeros(1), t.flatten()])[1:].view(t.shape)
+    assert moved.data_ptr() % 16
+    return moved
+
+
+@pytest.mark.parametrize("D", [64, 160] + ([96, 192] if ON_GPU else []))
+def test_inputs_off_16_byte_alignment(D):
+    """q, k, v and dO one element into their buffers (the H200 faulted on this at
+    D = 160 before the wrappers copied such inputs, PERF.md 3f)."""
+    shape = (2, 4, 2, 300, 257) if ON_GPU else (1, 2, 1, 45, 38)
+    dtype = torch.float16 if ON_GPU else torch.float32
+    seed = fresh_seed()
+    q, k, v, do = (_off_alignment(t) for t in _inputs(seed, *shape, D, dtype))
+    o, *grads = run_backward(q, k, v, do, True, fused=False)
+    o_ref, *refs = reference(q, k, v, do, True)
+    atol, rtol = tolerances(dtype, o_ref)
+    assert_close(o, o_ref, name=f"o [seed={seed} D={D} misaligned]", atol=atol, rtol=rtol, quiet=True)
+    check_grads(grads, refs, dtype, f"seed={seed} D={D} misaligned")
+
+
 def test_grad_output_with_zero_strides():
     """o.sum().backward() hands the backward an expanded dO whose strides are all 0."""
     seed = fresh_seed()

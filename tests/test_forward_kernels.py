@@ -228,6 +228,22 @@ def make_fp8(B, H, Hkv, Nq, Nk, D, dtype, seed=0):
     return [flash_tuned.quantize_fp8(t, dtype) for t in (q, k, v)]
 
 
+def test_kernel_input_copies_only_what_the_kernels_cannot_take():
+    buf = torch.randn(2, 3, 40, 16, device=DEVICE)
+    aligned = buf[:, :, 8:]  # 8 rows of 16 fp32 in: a 16-byte boundary, strided
+    assert flash_tuned.kernel_input(aligned) is aligned
+    for name, t, contiguous in (("one element in", buf.flatten()[1:1 + 2 * 3 * 39 * 16].view(2, 3, 39, 16), False),
+                                ("head dim strided", buf.transpose(2, 3), False),
+                                ("not contiguous", aligned, True)):
+        got = flash_tuned.kernel_input(t, contiguous=contiguous)
+        assert got.data_ptr() % 16 == 0 and got.stride(-1) == 1, name
+        assert got.is_contiguous() or not contiguous, name
+        assert torch.equal(got, t), name
+    v8 = torch.randn(1, 2, 33, 32, device=DEVICE).to(torch.float8_e4m3fn)
+    vt = flash_tuned.transpose_v_fp8(v8.flatten()[1:1 + 2 * 32 * 32].view(1, 2, 32, 32).transpose(-1, -2))
+    assert vt.stride(-2) == 1 and vt.data_ptr() % 16 == 0, "V for FP8: keys contiguous, aligned"
+
+
 def test_quantize_fp8():
     x = torch.randn(4, 300, generator=torch.Generator().manual_seed(0)) * 7
     for dtype, mantissa in ((torch.float8_e4m3fn, 3), (torch.float8_e5m2, 2)):
