@@ -180,13 +180,14 @@ def install():
 
     load, store = builder.create_masked_load, builder.create_masked_store
 
-    def masked_load(self, ptrs, mask, other, *rest):
+    # (**options: tensor descriptors' loads and stores pass cache policies by name)
+    def masked_load(self, ptrs, mask, other, *rest, **options):
         _check(ptrs.data, mask.data, size(ptrs), "load")
-        return load(self, ptrs, mask, other, *rest)
+        return load(self, ptrs, mask, other, *rest, **options)
 
-    def masked_store(self, ptrs, value, mask, *rest):
+    def masked_store(self, ptrs, value, mask, *rest, **options):
         _check(ptrs.data, mask.data, size(ptrs), "store")
-        return store(self, ptrs, value, mask, *rest)
+        return store(self, ptrs, value, mask, *rest, **options)
 
     it.GridExecutor.__call__ = checked_launch
     builder.create_masked_load, builder.create_masked_store = masked_load, masked_store

@@ -98,14 +98,19 @@ def launch_tuned(tuned, grid, key, *args, **kwargs):
         tuned.fn[grid](*args, **kwargs, **chosen.all_kwargs())
 
 
-def _config(bq, bk, w, s, ws=False):
-    return triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk, "WS": ws}, num_warps=w, num_stages=s)
+def _config(bq, bk, w, s, tag=None):
+    """tag: None (pointer loads), "tma" (tensor descriptors) or "ws" (descriptors and
+    warp specialization)."""
+    return triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk, "TMA": tag is not None, "WS": tag == "ws"},
+                         num_warps=w, num_stages=s)
 
 
 def _shape(config):
-    """A config as a shortlist names it: (BLOCK_Q, BLOCK_K, warps, stages[, "ws"])."""
+    """A config as a shortlist names it: (BLOCK_Q, BLOCK_K, warps, stages[, "tma" | "ws"])."""
     shape = (config.kwargs["BLOCK_Q"], config.kwargs["BLOCK_K"], config.num_warps, config.num_stages)
-    return shape + ("ws",) if config.kwargs.get("WS") else shape
+    if config.kwargs.get("TMA"):
+        return shape + ("ws" if config.kwargs.get("WS") else "tma",)
+    return shape
 
 
 def _configs():
@@ -113,7 +118,7 @@ def _configs():
         return [_config(64, 32, 4, 1)]
     lists = (SHORTLIST, SHORTLIST_FP8, SHORTLIST_WS, SHORTLIST_WS_FP8)
     shapes = [c for table in lists for short in table.values() for c in short]
-    return [_config(*c[:4], ws=len(c) > 4) for c in dict.fromkeys(shapes + [SHORT_Q, FP32])]
+    return [_config(*c) for c in dict.fromkeys(shapes + [SHORT_Q, FP32])]
 
 
 def width_class(width):
@@ -166,15 +171,15 @@ def _alloc_scratch(size, alignment, stream):
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
-def _tma_ok(k, v, v_t):
-    """Whether the warp-specialized configs (tensor descriptors made on the device) may
-    run: a Hopper GPU, K and V 16-byte aligned with 16-byte row strides, and an
-    allocator for the descriptors (Triton's: ours is set if none is)."""
+def _tma_ok(q, k, v, v_t):
+    """Whether the descriptor configs ("tma", "ws": tensor descriptors made on the
+    device) may run: a Hopper GPU, Q, K and V 16-byte aligned with 16-byte row strides,
+    and an allocator for the descriptors (Triton's: ours is set if none is)."""
     if not TRY_WS or INTERPRET or _capability(k.device)[0] != 9:
         return False
     size = k.element_size()
     v_strides = (v.stride(0), v.stride(1), v.stride(3) if v_t else v.stride(2))
-    for t, strides in ((k, k.stride()[:3]), (v, v_strides)):
+    for t, strides in ((q, q.stride()[:3]), (k, k.stride()[:3]), (v, v_strides)):
         if t.data_ptr() % 16 or any(x * size % 16 for x in strides):
             return False
     try:
@@ -319,12 +324,12 @@ def _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn, stride_vn, ro
 
 
 @triton.jit
-def _attend_ws(acc, l_i, m_i, q, k_desc, v_desc, hi, qk_scale, BLOCK_K: tl.constexpr,
-               FP8: tl.constexpr, V_T: tl.constexpr):
-    """Stage 1 of `_attend` (no masks, one column block) through tensor descriptors, in
-    a warp-specialized loop (Hopper: TMA copies by producer warps, products and softmax
-    by the others)."""
-    for start in tl.range(0, hi, BLOCK_K, warp_specialize=True):
+def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, hi, qk_scale, BLOCK_K: tl.constexpr,
+                FP8: tl.constexpr, V_T: tl.constexpr, WS: tl.constexpr):
+    """Stage 1 of `_attend` (no masks, one column block) through tensor descriptors; with
+    WS in a warp-specialized loop (Hopper: TMA copies by producer warps, products and
+    softmax by the others)."""
+    for start in tl.range(0, hi, BLOCK_K, warp_specialize=WS):
         k = k_desc.load([start, 0])
         s = tl.dot(q, k.T)
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
@@ -361,7 +366,7 @@ def flash_attention_fwd_kernel(
     H, GROUP, N_Q, N_K, qk_scale, TMA_OK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WS: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
 ):
     # The head dim must be contiguous (the wrapper sees to it): rows load as wide vectors.
     # V_T: V's keys are contiguous instead, and stride_vn is the stride of its head dim.
@@ -381,7 +386,15 @@ def flash_attention_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     q_rows = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn
-    q = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if TMA:
+        # A TMA copy leaves the Q tile in shared memory, where the products can read it:
+        # loaded into registers, it takes 64 of them a thread with 4 warps at D = 128.
+        tl.static_assert(BLOCK_D2 == 0 and BLOCK_D == HEAD_DIM)
+        q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, shape=[N_Q, HEAD_DIM],
+                                           strides=[stride_qn, 1], block_shape=[BLOCK_Q, BLOCK_D])
+        q = q_desc.load([q0, 0])
+    else:
+        q = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
     if BLOCK_D2 > 0:
         offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
@@ -405,10 +418,9 @@ def flash_attention_fwd_kernel(
     full_end = (N_K // BLOCK_K) * BLOCK_K
     if CAUSAL:
         full_end = tl.minimum(full_end, q0)
-    if WS:
-        # Tensor descriptors (TMA copies) made by this program, and Triton's warp
-        # specialization: producer warps issue the copies, the others compute.
-        tl.static_assert(BLOCK_D2 == 0 and BLOCK_D == HEAD_DIM)
+    if TMA:
+        # Tensor descriptors (TMA copies) made by this program; with WS, Triton's warp
+        # specialization too: producer warps issue the copies, the others compute.
         k_desc = tl.make_tensor_descriptor(k_base, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
                                            block_shape=[BLOCK_K, BLOCK_D])
         if V_T:
@@ -417,8 +429,8 @@ def flash_attention_fwd_kernel(
         else:
             v_desc = tl.make_tensor_descriptor(v_base, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
                                                block_shape=[BLOCK_K, BLOCK_D])
-        acc, l_i, m_i = _attend_ws(acc, l_i, m_i, q, k_desc, v_desc, full_end, qk_scale, BLOCK_K,
-                                   FP8, V_T)
+        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, full_end, qk_scale, BLOCK_K,
+                                    FP8, V_T, WS)
     else:
         acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn,
                                       stride_vn, rows, 0, full_end, N_K, qk_scale, HEAD_DIM, BLOCK_D,
@@ -452,7 +464,7 @@ def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
     Hkv, Nk = k.shape[1], k.shape[2]
     block_d, block_d2 = column_blocks(D, 32 if fp8 else 16) if SPLIT_D else (
         max(32 if fp8 else 16, triton.next_power_of_2(D)), 0)
-    tma_ok = block_d2 == 0 and block_d == D and _tma_ok(k, v, v_t)
+    tma_ok = block_d2 == 0 and block_d == D and _tma_ok(q, k, v, v_t)
 
     def grid(meta):
         return flash_grid(Nq, B, H, meta["BLOCK_Q"])
