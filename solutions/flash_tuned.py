@@ -324,19 +324,33 @@ def _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn, stride_vn, ro
 
 
 @triton.jit
-def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, hi, qk_scale, BLOCK_K: tl.constexpr,
+def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, lo, hi, N_K, qk_scale,
+                BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                 FP8: tl.constexpr, V_T: tl.constexpr, WS: tl.constexpr):
-    """Stage 1 of `_attend` (no masks, one column block) through tensor descriptors; with
-    WS in a warp-specialized loop (Hopper: TMA copies by producer warps, products and
-    softmax by the others)."""
-    for start in tl.range(0, hi, BLOCK_K, warp_specialize=WS):
+    """`_attend` for one column block through tensor descriptors (TMA copies; keys past
+    N_K arrive as zeros, and MASKED hides their scores); with WS in a warp-specialized
+    loop (Hopper: TMA copies by producer warps, products and softmax by the others)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    for start in tl.range(lo, hi, BLOCK_K, warp_specialize=WS):
         k = k_desc.load([start, 0])
         s = tl.dot(q, k.T)
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        if FP8:
-            s = s * qk_scale - (m_new - P_SHIFT_C)[:, None]
+        if MASKED:
+            cols = start + offs_k
+            valid = cols[None, :] < N_K
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None])
+            s = tl.where(valid, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            if FP8:
+                s = s - (m_new - P_SHIFT_C)[:, None]
+            else:
+                s = s - m_new[:, None]
         else:
-            s = s * qk_scale - m_new[:, None]
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            if FP8:
+                s = s * qk_scale - (m_new - P_SHIFT_C)[:, None]
+            else:
+                s = s * qk_scale - m_new[:, None]
         p = tl.exp2(s)
         alpha = tl.exp2(m_i - m_new)
         l_ij = tl.sum(p, 1)
@@ -429,8 +443,8 @@ def flash_attention_fwd_kernel(
         else:
             v_desc = tl.make_tensor_descriptor(v_base, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
                                                block_shape=[BLOCK_K, BLOCK_D])
-        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, full_end, qk_scale, BLOCK_K,
-                                    FP8, V_T, WS)
+        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, 0, full_end, N_K,
+                                    qk_scale, BLOCK_K, False, CAUSAL, FP8, V_T, WS)
     else:
         acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn,
                                       stride_vn, rows, 0, full_end, N_K, qk_scale, HEAD_DIM, BLOCK_D,
@@ -440,9 +454,13 @@ def flash_attention_fwd_kernel(
     masked_end = N_K
     if CAUSAL:
         masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
-    acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn, stride_vn,
-                                  rows, full_end, masked_end, N_K, qk_scale, HEAD_DIM, BLOCK_D,
-                                  BLOCK_D2, BLOCK_K, True, CAUSAL, DOT_PRECISION, FP8, V_T)
+    if TMA:
+        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, full_end, masked_end,
+                                    N_K, qk_scale, BLOCK_K, True, CAUSAL, FP8, V_T, False)
+    else:
+        acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn,
+                                      stride_vn, rows, full_end, masked_end, N_K, qk_scale, HEAD_DIM,
+                                      BLOCK_D, BLOCK_D2, BLOCK_K, True, CAUSAL, DOT_PRECISION, FP8, V_T)
 
     inv_l = 1.0 / l_i
     if DESCALE_V is not None:
