@@ -46,19 +46,20 @@ SHORTLIST = {
 }
 # FP8 tiles take half the shared memory of fp16 ones, and the products run twice as fast.
 SHORTLIST_FP8 = {
-    64: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 4)],
-    128: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 4)],
+    64: [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 4, 3)],
+    128: [(64, 64, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3)],
     192: [(128, 64, 8, 3), (128, 64, 8, 4), (64, 32, 4, 3)],
     256: [(128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 3)],
 }
-# Warp-specialized configs (tensor descriptors, `tl.range(..., warp_specialize=True)`),
-# power-of-two head dims only; they compete with the above where `_tma_ok` allows.
-# Triton 3.6 fails to compile them with 4 warps (PassManager::run failed).
-SHORTLIST_WS = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws")],
-                128: [(128, 128, 8, 2, "ws"), (128, 64, 8, 3, "ws")]}
-SHORTLIST_WS_FP8 = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws")],
-                    128: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws")]}
-# False: never the warp-specialized configs (for comparisons; FLASH_TUNED_WS=0 sets it).
+# Descriptor configs: Q, K and V through tensor descriptors made on the device ("tma"; Q
+# stays in shared memory, which lets 4 warps hold a 128-row tile), and warp-specialized
+# ("ws", Triton 3.6 fails to compile them with 4 warps). Power-of-two head dims only;
+# they compete with the above where `_tma_ok` allows. From sweeps on an H200 (PERF.md 3f).
+SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws")],
+                 128: [(128, 64, 4, 2, "tma"), (128, 128, 8, 2, "ws")]}
+SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma")],
+                     128: [(64, 64, 4, 3, "tma"), (128, 64, 4, 3, "tma"), (128, 64, 4, 4, "tma")]}
+# False: never the descriptor configs (for comparisons; FLASH_TUNED_WS=0 sets it).
 TRY_WS = os.environ.get("FLASH_TUNED_WS", "1") != "0"
 SHORT_Q = (64, 64, 4, 3)  # at most 64 query rows: a 128-row block would be half empty
 FP32 = (64, 32, 4, 2)     # exact fp32 dots run on FMA units: the smallest tile compiles fastest
@@ -116,7 +117,7 @@ def _shape(config):
 def _configs():
     if INTERPRET:  # autotune with more than one config cannot run on the interpreter
         return [_config(64, 32, 4, 1)]
-    lists = (SHORTLIST, SHORTLIST_FP8, SHORTLIST_WS, SHORTLIST_WS_FP8)
+    lists = (SHORTLIST, SHORTLIST_FP8, SHORTLIST_TMA, SHORTLIST_TMA_FP8)
     shapes = [c for table in lists for short in table.values() for c in short]
     return [_config(*c) for c in dict.fromkeys(shapes + [SHORT_Q, FP32])]
 
@@ -131,7 +132,7 @@ def _prune(configs, named_args, **kwargs):
     shared memory (module 07's `prune_configs`; its `smem_bytes` summed over the head
     dim's column blocks when there are two;
     BLOCK_Q is always a multiple of BLOCK_K: the causal split needs it). Where tensor
-    descriptors may be used (TMA_OK), the warp-specialized configs compete too."""
+    descriptors may be used (TMA_OK), the descriptor configs compete too."""
     if INTERPRET:
         return configs
     args = {**named_args, **kwargs}
@@ -146,7 +147,7 @@ def _prune(configs, named_args, **kwargs):
         width = width_class(sum(parts))
         wanted = (SHORTLIST_FP8 if fp8 else SHORTLIST)[width]
         if args.get("TMA_OK") and len(parts) == 1 and parts[0] == args.get("HEAD_DIM"):
-            wanted = wanted + (SHORTLIST_WS_FP8 if fp8 else SHORTLIST_WS).get(width, [])
+            wanted = wanted + (SHORTLIST_TMA_FP8 if fp8 else SHORTLIST_TMA).get(width, [])
     limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
     by_shape = {_shape(c): c for c in configs}
     if len(parts) == 1:

@@ -360,3 +360,50 @@ def test_fp8_forward(dtype, case):
         assert o.dtype == out_dtype and o.shape == q8.shape and lse.shape == q8.shape[:3]
         assert_not_trivial(o)
         _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv)
+
+
+# ---------------------------------------------------------------------------------------
+# Every config the tuned forward's autotuner can pick, tiles honoured (the interpreter
+# too): a config is only tried where it wins a benchmark, so a wrong one could hide
+# behind the others. "tma" and "ws" configs load through tensor descriptors.
+
+FP8_GPU = GPU and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def _forward_shortlist():
+    """FP8's lists only where FP8 runs (the interpreter runs the FP8 kernel in
+    test_fp8_kernel_in_the_interpreter)."""
+    width_to_d = {64: 64, 128: 128, 192: 160, 256: 256}
+    tables = [("fp16", flash_tuned.SHORTLIST), ("fp16", flash_tuned.SHORTLIST_TMA)]
+    if FP8_GPU:
+        tables += [("fp8", flash_tuned.SHORTLIST_FP8), ("fp8", flash_tuned.SHORTLIST_TMA_FP8)]
+    cases = {f"{kind}-D{width_to_d[w]}-" + "x".join(map(str, c)): (width_to_d[w], kind, c)
+             for kind, table in tables for w, configs in table.items() for c in configs}
+    cases["short-q-" + "x".join(map(str, flash_tuned.SHORT_Q))] = (64, "fp16", flash_tuned.SHORT_Q)
+    cases["fp32-" + "x".join(map(str, flash_tuned.FP32))] = (48, "fp32", flash_tuned.FP32)
+    return cases
+
+
+FORWARD_SHORTLIST = _forward_shortlist()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D, kind, config", FORWARD_SHORTLIST.values(), ids=FORWARD_SHORTLIST.keys())
+def test_every_shortlisted_forward_config(monkeypatch, D, kind, config, causal):
+    chosen = flash_tuned._config(*config)
+    monkeypatch.setattr(flash_tuned, "launch_tuned", lambda tuned, grid, key, *args, **kwargs:
+                        tuned.fn[grid](*args, **kwargs, **chosen.all_kwargs()))
+    # ragged for every tile (150 = 128 + 22 query rows, 133 keys), GQA
+    B, H, Hkv, Nq, Nk = 1, 2, 1, 150, 133
+    seed = zlib.crc32(f"{D}{kind}{config}{causal}".encode()) % 1000
+    if kind == "fp8":
+        (q8, dq), (k8, dk), (v8, dv) = make_fp8(B, H, Hkv, Nq, Nk, D, torch.float8_e4m3fn, seed=seed)
+        o, lse = flash_tuned.flash_attention_fp8(q8, k8, v8, causal=causal, descale_q=dq,
+                                                 descale_k=dk, descale_v=dv)
+        _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv)
+        return
+    q, k, v = make_qkv(B, H, Hkv, Nq, Nk, D, torch.float32 if kind == "fp32" else torch.float16, seed=seed)
+    o, lse = flash_attention_forward(q, k, v, causal=causal)
+    o_ref, lse_ref = reference64(q, k, v, causal)
+    assert_close(o, o_ref, name=f"o {kind} D={D} {config}", dim_names=("b", "h", "row", "col"), quiet=True)
+    assert_close(lse, lse_ref, name="lse", atol=1e-3, rtol=1e-3, quiet=True)
