@@ -393,16 +393,23 @@ def test_every_shortlisted_forward_config(monkeypatch, D, kind, config, causal):
     chosen = flash_tuned._config(*config)
     monkeypatch.setattr(flash_tuned, "launch_tuned", lambda tuned, grid, key, *args, **kwargs:
                         tuned.fn[grid](*args, **kwargs, **chosen.all_kwargs()))
-    # ragged for every tile (150 = 128 + 22 query rows, 133 keys), GQA
-    B, H, Hkv, Nq, Nk = 1, 2, 1, 150, 133
+    # ragged for every tile (150 = 128 + 22 query rows, 144 = 128 + 16 keys), GQA; 144
+    # keys make FP8's transposed V rows 144 bytes long, as TMA needs (16-byte multiples)
+    B, H, Hkv, Nq, Nk = 1, 2, 1, 150, 144
     seed = zlib.crc32(f"{D}{kind}{config}{causal}".encode()) % 1000
     if kind == "fp8":
         (q8, dq), (k8, dk), (v8, dv) = make_fp8(B, H, Hkv, Nq, Nk, D, torch.float8_e4m3fn, seed=seed)
-        o, lse = flash_tuned.flash_attention_fp8(q8, k8, v8, causal=causal, descale_q=dq,
+        q, k, v = q8, k8, flash_tuned.transpose_v_fp8(v8)
+    else:
+        q, k, v = make_qkv(B, H, Hkv, Nq, Nk, D, torch.float32 if kind == "fp32" else torch.float16,
+                           seed=seed)
+    if len(config) > 4:  # a descriptor config: only where the autotuner may pick one
+        assert flash_tuned._tma_ok(q, k, v, kind == "fp8") or not GPU, "descriptors not allowed here"
+    if kind == "fp8":
+        o, lse = flash_tuned.flash_attention_fp8(q, k, v, causal=causal, descale_q=dq,
                                                  descale_k=dk, descale_v=dv)
         _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv)
         return
-    q, k, v = make_qkv(B, H, Hkv, Nq, Nk, D, torch.float32 if kind == "fp32" else torch.float16, seed=seed)
     o, lse = flash_attention_forward(q, k, v, causal=causal)
     o_ref, lse_ref = reference64(q, k, v, causal)
     assert_close(o, o_ref, name=f"o {kind} D={D} {config}", dim_names=("b", "h", "row", "col"), quiet=True)
