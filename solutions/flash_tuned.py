@@ -11,10 +11,12 @@ What it adds to the teaching kernel, and why:
 - Plain pointer loads, measured against tensor descriptors on an H100 (PERF.md):
   descriptors made on the device cost up to 25% at short sequences, host-made ones
   were no faster than pointers, and pointers take any strides with no alignment rules.
-  Where K and V are aligned for them, warp-specialized configs (tensor descriptors,
-  `tl.range(..., warp_specialize=True)`) compete in the autotuner too (PERF.md, issue 14).
-- After the first call of a shape, the compiled kernels are launched directly
-  (`launch_tuned`): host time matters at short sequences.
+  Where Q, K and V are aligned for them, descriptor configs compete in the autotuner
+  too: "tma" ones (a 128-row Q tile with 4 warps only fits when Q stays in shared
+  memory, as a TMA copy leaves it) and warp-specialized ones (`tl.range(...,
+  warp_specialize=True)`) (PERF.md, issue 14, 3a and 3f).
+- After the first call of a shape, the chosen config is launched without the
+  autotuner's dispatch (`launch_tuned`): host time matters at short sequences.
 - Head dims that are not powers of two (80, 96, 160, 192, ...) are computed as two
   power-of-two column blocks (160 = 128 + 32) instead of one block padded to the next
   power of two (256): no multiply-adds on padding, smaller tiles (PERF.md, issue 14).
