@@ -129,6 +129,17 @@ def width_class(width):
     return 64 if width <= 64 else 128 if width <= 128 else 192 if width <= 192 else 256
 
 
+def _even_k(args):
+    """The keys fill whole blocks of the config's BLOCK_K (a heuristic: computed per launch)."""
+    return args["N_K"] % args["BLOCK_K"] == 0
+
+
+def _ws_compiles(config, args):
+    """Triton 3.6 warp-specializes a 4-warp config only where the kernel has no masked
+    stage: not causal, and whole key blocks."""
+    return config[2] != 4 or not (args["CAUSAL"] or args["N_K"] % config[1])
+
+
 def _prune(configs, named_args, **kwargs):
     """Benchmark only the shortlist for this shape, and only configs that fit in
     shared memory (module 07's `prune_configs`; its `smem_bytes` summed over the head
@@ -149,7 +160,8 @@ def _prune(configs, named_args, **kwargs):
         width = width_class(sum(parts))
         wanted = (SHORTLIST_FP8 if fp8 else SHORTLIST)[width]
         if args.get("TMA_OK") and len(parts) == 1 and parts[0] == args.get("HEAD_DIM"):
-            wanted = wanted + (SHORTLIST_TMA_FP8 if fp8 else SHORTLIST_TMA).get(width, [])
+            wanted = wanted + [c for c in (SHORTLIST_TMA_FP8 if fp8 else SHORTLIST_TMA).get(width, [])
+                               if c[4] != "ws" or _ws_compiles(c, args)]
     limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
     by_shape = {_shape(c): c for c in configs}
     if len(parts) == 1:
@@ -373,6 +385,7 @@ def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, lo, hi, N_K, qk_scale,
 
 @triton.autotune(configs=_configs(), key=["N_Q", "N_K", "HEAD_DIM", "BLOCK_D2", "CAUSAL", "TMA_OK"],
                  prune_configs_by={"early_config_prune": _prune})
+@triton.heuristics({"EVEN_K": _even_k})
 @triton.jit(do_not_specialize=["N_Q", "N_K", "TMA_OK"])  # one compile for all lengths
 def flash_attention_fwd_kernel(
     Q, K, V, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V,
@@ -384,6 +397,7 @@ def flash_attention_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     # The head dim must be contiguous (the wrapper sees to it): rows load as wide vectors.
     # V_T: V's keys are contiguous instead, and stride_vn is the stride of its head dim.
@@ -454,10 +468,14 @@ def flash_attention_fwd_kernel(
                                       BLOCK_D2, BLOCK_K, False, CAUSAL, DOT_PRECISION, FP8, V_T)
     # Stage 2, masked: the diagonal blocks (causal) and the ragged last block. Key 0 is
     # in the first block visited whatever the stages, so every row's max is finite.
+    # EVEN_K (whole key blocks) and not causal: nothing is masked, and the stage is left
+    # out when compiling (with it, Triton 3.6 cannot warp-specialize stage 1 on 4 warps).
     masked_end = N_K
     if CAUSAL:
         masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
-    if TMA:
+    if EVEN_K and not CAUSAL:
+        pass
+    elif TMA:
         acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, full_end, masked_end,
                                     N_K, qk_scale, BLOCK_K, True, CAUSAL, FP8, V_T, False)
     else:

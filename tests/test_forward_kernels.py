@@ -384,19 +384,33 @@ def _forward_shortlist():
     return cases
 
 
-FORWARD_SHORTLIST = _forward_shortlist()
+def _forward_cases():
+    """Each config, causal or not, with 144 keys (ragged for every tile) and 128 (whole
+    blocks: the kernel compiled without its masked stage where nothing is causal), as the
+    autotuner would try them: 4-warp warp-specialized configs only where they compile."""
+    cases = {}
+    for name, (D, kind, config) in _forward_shortlist().items():
+        for causal in (False, True):
+            for n_k in (144, 128):
+                if len(config) > 4 and config[4] == "ws" and not flash_tuned._ws_compiles(
+                        config, {"CAUSAL": causal, "N_K": n_k}):
+                    continue
+                cases[f"{name}-{'causal' if causal else 'full'}-k{n_k}"] = (D, kind, config, causal, n_k)
+    return cases
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("D, kind, config", FORWARD_SHORTLIST.values(), ids=FORWARD_SHORTLIST.keys())
-def test_every_shortlisted_forward_config(monkeypatch, D, kind, config, causal):
+FORWARD_SHORTLIST = _forward_cases()
+
+
+@pytest.mark.parametrize("D, kind, config, causal, Nk", FORWARD_SHORTLIST.values(), ids=FORWARD_SHORTLIST.keys())
+def test_every_shortlisted_forward_config(monkeypatch, D, kind, config, causal, Nk):
     chosen = flash_tuned._config(*config)
     monkeypatch.setattr(flash_tuned, "launch_tuned", lambda tuned, grid, key, *args, **kwargs:
                         tuned.fn[grid](*args, **kwargs, **chosen.all_kwargs()))
-    # ragged for every tile (150 = 128 + 22 query rows, 144 = 128 + 16 keys), GQA; 144
-    # keys make FP8's transposed V rows 144 bytes long, as TMA needs (16-byte multiples)
-    B, H, Hkv, Nq, Nk = 1, 2, 1, 150, 144
-    seed = zlib.crc32(f"{D}{kind}{config}{causal}".encode()) % 1000
+    # 150 = 128 + 22 query rows, GQA; 144 keys make FP8's transposed V rows 144 bytes
+    # long, as TMA needs (16-byte multiples)
+    B, H, Hkv, Nq = 1, 2, 1, 150
+    seed = zlib.crc32(f"{D}{kind}{config}{causal}{Nk}".encode()) % 1000
     if kind == "fp8":
         (q8, dq), (k8, dk), (v8, dv) = make_fp8(B, H, Hkv, Nq, Nk, D, torch.float8_e4m3fn, seed=seed)
         q, k, v = q8, k8, flash_tuned.transpose_v_fp8(v8)
