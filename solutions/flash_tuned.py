@@ -55,8 +55,9 @@ SHORTLIST_FP8 = {
 }
 # Descriptor configs: Q, K and V through tensor descriptors made on the device ("tma"; Q
 # stays in shared memory, which lets 4 warps hold a 128-row tile), and warp-specialized
-# ("ws", Triton 3.6 fails to compile them with 4 warps). Power-of-two head dims only;
-# they compete with the above where `_tma_ok` allows. From sweeps on an H200 (PERF.md 3f).
+# ("ws"; with 4 warps Triton 3.6 compiles them only where the masked stage is left out,
+# and there they lost to "tma"). Power-of-two head dims only; they compete with the
+# above where `_tma_ok` allows. From sweeps on an H200 (PERF.md 3f).
 SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws")],
                  128: [(128, 64, 4, 2, "tma"), (128, 128, 8, 2, "ws")]}
 SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma")],
@@ -134,12 +135,6 @@ def _even_k(args):
     return args["N_K"] % args["BLOCK_K"] == 0
 
 
-def _ws_compiles(config, args):
-    """Triton 3.6 warp-specializes a 4-warp config only where the kernel has no masked
-    stage: not causal, and whole key blocks."""
-    return config[2] != 4 or not (args["CAUSAL"] or args["N_K"] % config[1])
-
-
 def _prune(configs, named_args, **kwargs):
     """Benchmark only the shortlist for this shape, and only configs that fit in
     shared memory (module 07's `prune_configs`; its `smem_bytes` summed over the head
@@ -160,8 +155,7 @@ def _prune(configs, named_args, **kwargs):
         width = width_class(sum(parts))
         wanted = (SHORTLIST_FP8 if fp8 else SHORTLIST)[width]
         if args.get("TMA_OK") and len(parts) == 1 and parts[0] == args.get("HEAD_DIM"):
-            wanted = wanted + [c for c in (SHORTLIST_TMA_FP8 if fp8 else SHORTLIST_TMA).get(width, [])
-                               if c[4] != "ws" or _ws_compiles(c, args)]
+            wanted = wanted + (SHORTLIST_TMA_FP8 if fp8 else SHORTLIST_TMA).get(width, [])
     limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
     by_shape = {_shape(c): c for c in configs}
     if len(parts) == 1:
@@ -469,7 +463,7 @@ def flash_attention_fwd_kernel(
     # Stage 2, masked: the diagonal blocks (causal) and the ragged last block. Key 0 is
     # in the first block visited whatever the stages, so every row's max is finite.
     # EVEN_K (whole key blocks) and not causal: nothing is masked, and the stage is left
-    # out when compiling (with it, Triton 3.6 cannot warp-specialize stage 1 on 4 warps).
+    # out when compiling: 1-5% faster in fp16, up to 10% in FP8 (PERF.md 3f).
     masked_end = N_K
     if CAUSAL:
         masked_end = tl.minimum(N_K, q0 + BLOCK_Q)

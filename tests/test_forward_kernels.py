@@ -387,16 +387,10 @@ def _forward_shortlist():
 def _forward_cases():
     """Each config, causal or not, with 144 keys (ragged for every tile) and 128 (whole
     blocks: the kernel compiled without its masked stage where nothing is causal), as the
-    autotuner would try them: 4-warp warp-specialized configs only where they compile."""
-    cases = {}
-    for name, (D, kind, config) in _forward_shortlist().items():
-        for causal in (False, True):
-            for n_k in (144, 128):
-                if len(config) > 4 and config[4] == "ws" and not flash_tuned._ws_compiles(
-                        config, {"CAUSAL": causal, "N_K": n_k}):
-                    continue
-                cases[f"{name}-{'causal' if causal else 'full'}-k{n_k}"] = (D, kind, config, causal, n_k)
-    return cases
+    autotuner would try them."""
+    return {f"{name}-{'causal' if causal else 'full'}-k{n_k}": (D, kind, config, causal, n_k)
+            for name, (D, kind, config) in _forward_shortlist().items()
+            for causal in (False, True) for n_k in (144, 128)}
 
 
 FORWARD_SHORTLIST = _forward_cases()
