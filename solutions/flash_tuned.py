@@ -219,6 +219,29 @@ def column_blocks(head_dim, min_block=16):
 
 
 @triton.jit
+def _exponents(s, m_i, cols, rows, N_K, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               FP8: tl.constexpr):
+    """(the base-2 exponents of P, the new running max) for raw scores s of key columns
+    `cols`: scaled, with the running max subtracted (FP8: minus P_SHIFT as well);
+    MASKED hides keys past N_K and, causal, keys after each row."""
+    if MASKED:
+        valid = cols[None, :] < N_K
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None])
+        s = tl.where(valid, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = m_new
+    else:
+        # max of the raw scores, then one fused multiply-add per score
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        s = s * qk_scale
+        shift = m_new
+    if FP8:
+        shift = shift - P_SHIFT_C
+    return s - shift[:, None], m_new
+
+
+@triton.jit
 def _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn, stride_vn, rows, lo, hi, N_K,
             qk_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
             BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -268,23 +291,7 @@ def _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn, stride_vn, ro
             else:
                 kT2 = tl.load(kT2_ptrs + cols[None, :] * stride_kn)
             s = tl.dot(q2, kT2, s, input_precision=DOT_PRECISION)
-        if MASKED:
-            valid = key_ok[None, :]
-            if CAUSAL:
-                valid = valid & (cols[None, :] <= rows[:, None])
-            s = tl.where(valid, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            if FP8:
-                s = s - (m_new - P_SHIFT_C)[:, None]
-            else:
-                s = s - m_new[:, None]
-        else:
-            # max of the raw scores, then one fused multiply-add per score
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            if FP8:
-                s = s * qk_scale - (m_new - P_SHIFT_C)[:, None]
-            else:
-                s = s * qk_scale - m_new[:, None]
+        s, m_new = _exponents(s, m_i, cols, rows, N_K, qk_scale, MASKED, CAUSAL, FP8)
         p = tl.exp2(s)
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -343,23 +350,7 @@ def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, lo, hi, N_K, qk_scale,
     for start in tl.range(lo, hi, BLOCK_K, warp_specialize=WS):
         k = k_desc.load([start, 0])
         s = tl.dot(q, k.T)
-        if MASKED:
-            cols = start + offs_k
-            valid = cols[None, :] < N_K
-            if CAUSAL:
-                valid = valid & (cols[None, :] <= rows[:, None])
-            s = tl.where(valid, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            if FP8:
-                s = s - (m_new - P_SHIFT_C)[:, None]
-            else:
-                s = s - m_new[:, None]
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            if FP8:
-                s = s * qk_scale - (m_new - P_SHIFT_C)[:, None]
-            else:
-                s = s * qk_scale - m_new[:, None]
+        s, m_new = _exponents(s, m_i, start + offs_k, rows, N_K, qk_scale, MASKED, CAUSAL, FP8)
         p = tl.exp2(s)
         alpha = tl.exp2(m_i - m_new)
         l_ij = tl.sum(p, 1)
