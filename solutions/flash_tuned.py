@@ -230,12 +230,11 @@ def _exponents(s, m_i, cols, rows, N_K, qk_scale, MASKED: tl.constexpr, CAUSAL: 
             valid = valid & (cols[None, :] <= rows[:, None])
         s = tl.where(valid, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        shift = m_new
     else:
         # max of the raw scores, then one fused multiply-add per score
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         s = s * qk_scale
-        shift = m_new
+    shift = m_new
     if FP8:
         shift = shift - P_SHIFT_C
     return s - shift[:, None], m_new
@@ -387,7 +386,8 @@ def flash_attention_fwd_kernel(
     # The head dim must be contiguous (the wrapper sees to it): rows load as wide vectors.
     # V_T: V's keys are contiguous instead, and stride_vn is the stride of its head dim.
     # DESCALE_*: None, or one fp32 number each (FP8: q = q8 * descale_q, ...).
-    # TMA_OK (unused here): 1 where the wrapper allows the WS configs; in the autotuner's key.
+    # TMA_OK (unused here): 1 where the wrapper allows the descriptor configs; in the
+    # autotuner's key.
     pid_q = tl.program_id(0)
     if CAUSAL:
         pid_q = tl.num_programs(0) - 1 - pid_q  # longest rows first
