@@ -8,8 +8,8 @@
 Sections (H = 16, B * N = 16384, N in 1024 / 4096 / 16384, causal or not):
 - check: small shapes (ragged lengths, GQA, a [B, N, H, D] layout, D = 64 ... 256, fp16,
          bf16 and both FP8 formats) against float64, before anything is timed.
-- fwd:   fp16 and bf16 forward, D = 64 / 128: ours (autotuned; warp-specialized configs allowed),
-         ours without them ("nows"), SDPA's FlashAttention-2 and cuDNN backends, and
+- fwd:   fp16 and bf16 forward, D = 64 / 128: ours (autotuned; descriptor configs allowed),
+         ours with pointer loads only ("nows"), SDPA's FlashAttention-2 and cuDNN backends, and
          Triton's fused-attention tutorial (06) without and with warp specialization.
 - fp8:   the FP8 forward (e4m3 and e5m2, per-tensor scales from `quantize_fp8`) against
          our fp16 forward on the same (unquantized) inputs and the tutorial's FP8 (e5m2);
