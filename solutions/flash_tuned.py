@@ -458,15 +458,15 @@ def flash_attention_fwd_kernel(
     masked_end = N_K
     if CAUSAL:
         masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
-    if EVEN_K and not CAUSAL:
-        pass
-    elif TMA:
-        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, full_end, masked_end,
-                                    N_K, qk_scale, BLOCK_K, True, CAUSAL, FP8, V_T, False)
-    else:
-        acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn,
-                                      stride_vn, rows, full_end, masked_end, N_K, qk_scale, HEAD_DIM,
-                                      BLOCK_D, BLOCK_D2, BLOCK_K, True, CAUSAL, DOT_PRECISION, FP8, V_T)
+    if CAUSAL or not EVEN_K:
+        if TMA:
+            acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, full_end, masked_end,
+                                        N_K, qk_scale, BLOCK_K, True, CAUSAL, FP8, V_T, False)
+        else:
+            acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn,
+                                          stride_vn, rows, full_end, masked_end, N_K, qk_scale,
+                                          HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_K, True, CAUSAL,
+                                          DOT_PRECISION, FP8, V_T)
 
     inv_l = 1.0 / l_i
     if DESCALE_V is not None:
@@ -514,7 +514,7 @@ def kernel_input(t, contiguous=False):
     laid_out = t.is_contiguous() if contiguous else t.stride(-1) == 1
     if laid_out and t.data_ptr() % 16 == 0:
         return t
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+    return t.clone(memory_format=torch.contiguous_format)  # a new buffer: aligned
 
 
 def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
@@ -600,8 +600,7 @@ def transpose_v_fp8(v):
     [B, Hkv, D, Nk] contiguous buffer (keys contiguous). flash_attention_fp8 makes this
     copy itself when v is not so laid out; callers that keep V (a KV cache) may store it
     this way once and skip the copy on every call. Always a new (aligned) buffer."""
-    vt = torch.empty((*v.shape[:-2], v.shape[-1], v.shape[-2]), dtype=v.dtype, device=v.device)
-    return vt.copy_(v.transpose(-1, -2)).transpose(-1, -2)
+    return v.transpose(-1, -2).clone(memory_format=torch.contiguous_format).transpose(-1, -2)
 
 
 def _descale_arg(value, device, name):

@@ -121,34 +121,28 @@ def _with(module, name, value, fn):
 # ---------------------------------------------------------------------------------------
 # Cases
 
-def fwd_cases():
-    for dtype in (torch.float16, torch.bfloat16):
-        for D in (64, 128):
+def _grid(section, dtypes, dims):
+    for dtype in dtypes:
+        for D in dims:
             for causal in (False, True):
                 for N in LENGTHS:
-                    yield dict(section="fwd", dtype=dtype, D=D, N=N, causal=causal)
+                    yield dict(section=section, dtype=dtype, D=D, N=N, causal=causal)
+
+
+def fwd_cases():
+    return _grid("fwd", (torch.float16, torch.bfloat16), (64, 128))
 
 
 def fp8_cases():
-    for D in (64, 128):
-        for causal in (False, True):
-            for N in LENGTHS:
-                yield dict(section="fp8", dtype=torch.float16, D=D, N=N, causal=causal)
+    return _grid("fp8", (torch.float16,), (64, 128))
 
 
 def dims_cases():
-    for D in (160, 192, 256):
-        for causal in (False, True):
-            for N in LENGTHS:
-                yield dict(section="dims", dtype=torch.float16, D=D, N=N, causal=causal)
+    return _grid("dims", (torch.float16,), (160, 192, 256))
 
 
 def train_cases():
-    for dtype in (torch.float16, torch.bfloat16):
-        for D in (64, 128):
-            for causal in (False, True):
-                for N in LENGTHS:
-                    yield dict(section="train", dtype=dtype, D=D, N=N, causal=causal)
+    return _grid("train", (torch.float16, torch.bfloat16), (64, 128))
 
 
 def small_cases():
