@@ -488,7 +488,7 @@ def flash_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, *, fused=Fa
     dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
-    block_d = max(16, triton.next_power_of_2(D))  # a power of two for tl.arange
+    block_d = max(16, flash_tuned.next_power_of_2(D))  # a power of two for tl.arange
     meta = dict(GROUP=H // Hkv, CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=block_d,
                 BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype))
     if fused:
@@ -521,10 +521,6 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None,
                      bool(fused), config)
 
 
-def _cdiv(a, b):
-    return (a + b - 1) // b  # triton.cdiv is a JIT function: ~6 us per host-side call
-
-
 def _launcher(config, consts, key):
     """launch(kernel, tuned, which, grid, *args, **kwargs): the kernel with config[which]
     where a config is given (sweeps, tests; the interpreter too), else the interpreter's
@@ -545,7 +541,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     forward made them, and the host time matters at short sequences; see PERF.md)."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, flash_tuned.next_power_of_2(D))
     consts = dict(GROUP=H // Hkv, CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d,
                   DOT_PRECISION=dot_precision(q.dtype))
 
@@ -571,14 +567,14 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
 
     def launch_dkdv(dq):
         launch(bwd_dkdv_kernel, _dkdv_fused_tuned if fused else _dkdv_tuned, "dkdv",
-               lambda c: (_cdiv(Nk, c["BLOCK_N"]), B * Hkv),
+               lambda c: (flash_tuned.cdiv(Nk, c["BLOCK_N"]), B * Hkv),
                q, k, v, do, lse, delta, dk, dv, dq, *strides, H, Hkv, Nq, Nk, scale,
                FUSED_DQ=fused)
 
     if fused:
         # delta first, then dK/dV adds dQ into an fp32 buffer with atomics.
         pre_block = 64
-        bwd_preprocess_kernel[(_cdiv(Nq, pre_block), B * H)](
+        bwd_preprocess_kernel[(flash_tuned.cdiv(Nq, pre_block), B * H)](
             o, do, delta, Nq, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_block)
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         launch_dkdv(dq)
@@ -587,7 +583,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
         # The dQ kernel also stores delta (the preprocessing), then dK/dV reads it.
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         launch(bwd_dq_kernel, _dq_tuned, "dq",
-               lambda c: (_cdiv(Nq, c["BLOCK_M"]), B * H),
+               lambda c: (flash_tuned.cdiv(Nq, c["BLOCK_M"]), B * H),
                q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
         launch_dkdv(dq)
     return dq, dk, dv

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from solutions import flash_tuned
-from solutions.flash_backward import (LOG2E_C, _autotuned, _cdiv, _dkdv_stages, _dq_stages, _launcher,
+from solutions.flash_backward import (LOG2E_C, _autotuned, _dkdv_stages, _dq_stages, _launcher,
                                       _load_rows, _row_delta)
 from solutions.flash_forward import dot_precision
 
@@ -265,9 +265,9 @@ def backward_split(q, k, v, o, lse, do, causal, scale, columns, config=None):
     key = (Nq, Nk, D, causal, H // Hkv, q.dtype)
 
     launch = _launcher(config, consts, key)
-    launch(bwd_dq_split_kernel, _dq_tuned, "dq", lambda c: (_cdiv(Nq, c["BLOCK_M"]), B * H),
+    launch(bwd_dq_split_kernel, _dq_tuned, "dq", lambda c: (flash_tuned.cdiv(Nq, c["BLOCK_M"]), B * H),
            q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
     launch(bwd_dkdv_split_kernel, _dkdv_tuned, "dkdv",
-           lambda c: (_cdiv(Nk, c["BLOCK_N"]), B * Hkv),
+           lambda c: (flash_tuned.cdiv(Nk, c["BLOCK_N"]), B * Hkv),
            q, k, v, do, lse, delta, dk, dv, *strides, H, Hkv, Nq, Nk, scale)
     return dq, dk, dv

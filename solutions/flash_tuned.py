@@ -8,13 +8,13 @@ What it adds to the teaching kernel, and why:
   is made of short programs.
 - triton.autotune over a shortlist of block sizes, warps and pipeline depths per head
   dim, pruned by shared memory; one compile serves every sequence length.
-- Plain pointer loads, measured against tensor descriptors on an H100 (PERF.md):
-  descriptors made on the device cost up to 25% at short sequences, host-made ones
-  were no faster than pointers, and pointers take any strides with no alignment rules.
-  Where Q, K and V are aligned for them, descriptor configs compete in the autotuner
+- Plain pointer loads by default: they take any strides with no alignment rules. Where
+  Q, K and V are aligned for them (Hopper), descriptor configs compete in the autotuner
   too: "tma" ones (a 128-row Q tile with 4 warps only fits when Q stays in shared
   memory, as a TMA copy leaves it) and warp-specialized ones (`tl.range(...,
-  warp_specialize=True)`) (PERF.md, issue 14, 3a and 3f).
+  warp_specialize=True)`). Their tensor descriptors are made on the host, once a launch:
+  made on the device, each program spent time on three of them before its first load
+  (PERF.md, issue 14, 3a, 3f and 3g).
 - After the first call of a shape, the chosen config is launched without the
   autotuner's dispatch (`launch_tuned`): host time matters at short sequences.
 - Head dims that are not powers of two (80, 96, 160, 192, ...) are computed as two
@@ -30,10 +30,11 @@ import course  # noqa: F401  (chooses GPU or interpreter before triton is import
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from solutions.block_tuning import prune_configs, smem_bytes
 from solutions.flash_forward import (LN2, LOG2E, check_attention_inputs, default_scale,
-                                     dot_precision, flash_grid)
+                                     dot_precision)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -53,13 +54,13 @@ SHORTLIST_FP8 = {
     192: [(128, 64, 8, 3), (128, 64, 8, 4), (64, 32, 4, 3)],
     256: [(128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 3)],
 }
-# Descriptor configs: Q, K and V through tensor descriptors made on the device ("tma"; Q
+# Descriptor configs: Q, K and V through tensor descriptors made on the host ("tma"; Q
 # stays in shared memory, which lets 4 warps hold a 128-row tile), and warp-specialized
 # ("ws"; with 4 warps Triton 3.6 compiles them only where the masked stage is left out,
 # and there they lost to "tma"). Power-of-two head dims only; they compete with the
-# above where `_tma_ok` allows. From sweeps on an H200 (PERF.md 3f).
-SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws")],
-                 128: [(128, 64, 4, 2, "tma"), (128, 128, 8, 2, "ws")]}
+# above where `_tma_ok` allows. From sweeps on an H200 and an H100 (PERF.md 3f, 3g).
+SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4, 3, "tma")],
+                 128: [(128, 64, 4, 2, "tma"), (128, 128, 8, 2, "ws"), (64, 64, 4, 3, "tma")]}
 SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma")],
                      128: [(64, 64, 4, 3, "tma"), (128, 64, 4, 3, "tma"), (128, 64, 4, 4, "tma")]}
 # False: never the descriptor configs (for comparisons; FLASH_TUNED_WS=0 sets it).
@@ -106,7 +107,21 @@ def _config(bq, bk, w, s, tag=None):
     """tag: None (pointer loads), "tma" (tensor descriptors) or "ws" (descriptors and
     warp specialization)."""
     return triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk, "TMA": tag is not None, "WS": tag == "ws"},
-                         num_warps=w, num_stages=s)
+                         num_warps=w, num_stages=s, pre_hook=_fit_descriptors if tag else None)
+
+
+def _fit_descriptors(nargs):
+    """The autotuner's pre_hook for descriptor configs: give the host-made descriptors
+    the config's tiles (a descriptor's block shape is part of it)."""
+    blocks = _block_shapes(nargs["BLOCK_Q"], nargs["BLOCK_K"], nargs["BLOCK_D"], nargs["V_T"])
+    for desc, block in zip((nargs["Q_DESC"], nargs["K_DESC"], nargs["V_DESC"]), blocks):
+        desc.block_shape = block
+
+
+def _block_shapes(block_q, block_k, block_d, v_t):
+    """The tiles of Q, K and V's descriptors (all of rank 4, one head at a time)."""
+    return [1, 1, block_q, block_d], [1, 1, block_k, block_d], (
+        [1, 1, block_d, block_k] if v_t else [1, 1, block_k, block_d])
 
 
 def _shape(config):
@@ -176,28 +191,42 @@ def _capability(device):
     return cap
 
 
-def _alloc_scratch(size, alignment, stream):
-    return torch.empty(size, device="cuda", dtype=torch.int8)
-
-
 def _tma_ok(q, k, v, v_t):
-    """Whether the descriptor configs ("tma", "ws": tensor descriptors made on the
-    device) may run: a Hopper GPU, Q, K and V 16-byte aligned with 16-byte row strides,
-    and an allocator for the descriptors (Triton's: ours is set if none is)."""
-    if not TRY_WS or INTERPRET or _capability(k.device)[0] != 9:
+    """Whether the descriptor configs ("tma", "ws") may run: a Hopper GPU (or the
+    interpreter, for tests), Q, K and V 16-byte aligned with 16-byte strides."""
+    if not TRY_WS or not (INTERPRET or _capability(k.device)[0] == 9):
         return False
     size = k.element_size()
-    v_strides = (v.stride(0), v.stride(1), v.stride(3) if v_t else v.stride(2))
-    for t, strides in ((q, q.stride()[:3]), (k, k.stride()[:3]), (v, v_strides)):
-        if t.data_ptr() % 16 or any(x * size % 16 for x in strides):
-            return False
-    try:
-        from triton.runtime import _allocation
-        if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-            triton.set_allocator(_alloc_scratch)
-    except (ImportError, AttributeError):  # another Triton version: no descriptors then
-        return False
-    return True
+    layouts = ((q, q.stride()), (k, k.stride()), _v_layout(v, v_t)[::2])
+    return not any(t.data_ptr() % 16 or strides[3] != 1 or any(x * size % 16 for x in strides[:3])
+                   for t, strides in layouts)
+
+
+def _v_layout(v, v_t):
+    """(v, shape, strides) as V's descriptor sees it: V_T stores keys contiguous, so its
+    descriptor is [B, H, D, N]."""
+    if v_t:
+        return v, [*v.shape[:2], v.shape[3], v.shape[2]], [v.stride(0), v.stride(1), v.stride(3), 1]
+    return v, [*v.shape], [*v.stride()]
+
+
+def _descriptors(q, k, v, v_t, blocks):
+    """Tensor descriptors of q, k, v made on the host, over their whole shape, with the
+    tiles `blocks` (`_block_shapes`). Made on the device instead, each program spent
+    time on three of them before its first load: 5-10% at N = 1024 (PERF.md 3g)."""
+    return tuple(TensorDescriptor(t, shape, strides, block) for (t, shape, strides), block
+                 in zip(((q, [*q.shape], [*q.stride()]), (k, [*k.shape], [*k.stride()]), _v_layout(v, v_t)),
+                        blocks))
+
+
+def cdiv(a, b):
+    """ceil(a / b) on the host (triton.cdiv is a JIT function: 1.5-6 us a host-side call)."""
+    return (a + b - 1) // b
+
+
+def next_power_of_2(n):
+    """The smallest power of two >= n, on the host (triton's is a JIT function too)."""
+    return 1 << (n - 1).bit_length()
 
 
 def column_blocks(head_dim, min_block=16):
@@ -209,10 +238,10 @@ def column_blocks(head_dim, min_block=16):
     BLOCK_D2 = 0 means one block. Blocks are at least `min_block` wide (tl.dot: 16;
     FP8 products: 32).
     """
-    padded = max(min_block, triton.next_power_of_2(head_dim))
+    padded = max(min_block, next_power_of_2(head_dim))
     first = max(min_block, 1 << (head_dim.bit_length() - 1))  # largest power of two <= D
     rest = head_dim - first
-    second = max(min_block, triton.next_power_of_2(rest)) if rest > 0 else 0
+    second = max(min_block, next_power_of_2(rest)) if rest > 0 else 0
     if second == 0 or first + second >= padded:
         return padded, 0
     return first, second
@@ -339,15 +368,16 @@ def _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn, stride_vn, ro
 
 
 @triton.jit
-def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, lo, hi, N_K, qk_scale,
-                BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                FP8: tl.constexpr, V_T: tl.constexpr, WS: tl.constexpr):
-    """`_attend` for one column block through tensor descriptors (TMA copies; keys past
-    N_K arrive as zeros, and MASKED hides their scores); with WS in a warp-specialized
-    loop (Hopper: TMA copies by producer warps, products and softmax by the others)."""
+def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, rows, lo, hi, N_K, qk_scale,
+                BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASKED: tl.constexpr,
+                CAUSAL: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr, WS: tl.constexpr):
+    """`_attend` for one column block through tensor descriptors of head (b, h_kv) (TMA
+    copies; keys past N_K arrive as zeros, and MASKED hides their scores); with WS in a
+    warp-specialized loop (Hopper: TMA copies by producer warps, products and softmax by
+    the others)."""
     offs_k = tl.arange(0, BLOCK_K)
     for start in tl.range(lo, hi, BLOCK_K, warp_specialize=WS):
-        k = k_desc.load([start, 0])
+        k = k_desc.load([b, h_kv, start, 0]).reshape(BLOCK_K, BLOCK_D)
         s = tl.dot(q, k.T)
         s, m_new = _exponents(s, m_i, start + offs_k, rows, N_K, qk_scale, MASKED, CAUSAL, FP8)
         p = tl.exp2(s)
@@ -355,9 +385,9 @@ def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, lo, hi, N_K, qk_scale,
         l_ij = tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if V_T:
-            v = v_desc.load([0, start]).T
+            v = v_desc.load([b, h_kv, 0, start]).reshape(BLOCK_D, BLOCK_K).T
         else:
-            v = v_desc.load([start, 0])
+            v = v_desc.load([b, h_kv, start, 0]).reshape(BLOCK_K, BLOCK_D)
         if FP8:
             acc = tl.dot(p.to(tl.float8e4nv), v, acc)
         else:
@@ -372,7 +402,7 @@ def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, lo, hi, N_K, qk_scale,
 @triton.heuristics({"EVEN_K": _even_k})
 @triton.jit(do_not_specialize=["N_Q", "N_K", "TMA_OK"])  # one compile for all lengths
 def flash_attention_fwd_kernel(
-    Q, K, V, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V,
+    Q, K, V, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V, Q_DESC, K_DESC, V_DESC,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -387,13 +417,16 @@ def flash_attention_fwd_kernel(
     # V_T: V's keys are contiguous instead, and stride_vn is the stride of its head dim.
     # DESCALE_*: None, or one fp32 number each (FP8: q = q8 * descale_q, ...).
     # TMA_OK (unused here): 1 where the wrapper allows the descriptor configs; in the
-    # autotuner's key.
+    # autotuner's key. *_DESC: host-made descriptors of Q, K, V (`_descriptors`) for the
+    # descriptor configs (TMA), else None.
     pid_q = tl.program_id(0)
     if CAUSAL:
         pid_q = tl.num_programs(0) - 1 - pid_q  # longest rows first
     pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)  # int64 offsets: large tensors pass 2**31 elements
-    h = (pid_bh % H).to(tl.int64)
+    b32 = pid_bh // H
+    h32 = pid_bh % H
+    b = b32.to(tl.int64)  # int64 offsets: large tensors pass 2**31 elements
+    h = h32.to(tl.int64)
     h_kv = h // GROUP
 
     q0 = pid_q * BLOCK_Q
@@ -406,9 +439,7 @@ def flash_attention_fwd_kernel(
         # A TMA copy leaves the Q tile in shared memory, where the products can read it:
         # loaded into registers, it takes 64 of them a thread with 4 warps at D = 128.
         tl.static_assert(BLOCK_D2 == 0 and BLOCK_D == HEAD_DIM)
-        q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, shape=[N_Q, HEAD_DIM],
-                                           strides=[stride_qn, 1], block_shape=[BLOCK_Q, BLOCK_D])
-        q = q_desc.load([q0, 0])
+        q = Q_DESC.load([b32, h32, q0, 0]).reshape(BLOCK_Q, BLOCK_D)
     else:
         q = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
@@ -435,18 +466,11 @@ def flash_attention_fwd_kernel(
     if CAUSAL:
         full_end = tl.minimum(full_end, q0)
     if TMA:
-        # Tensor descriptors (TMA copies) made by this program; with WS, Triton's warp
+        # Tensor descriptors made on the host (TMA copies); with WS, Triton's warp
         # specialization too: producer warps issue the copies, the others compute.
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
-                                           block_shape=[BLOCK_K, BLOCK_D])
-        if V_T:
-            v_desc = tl.make_tensor_descriptor(v_base, shape=[HEAD_DIM, N_K], strides=[stride_vn, 1],
-                                               block_shape=[BLOCK_D, BLOCK_K])
-        else:
-            v_desc = tl.make_tensor_descriptor(v_base, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
-                                               block_shape=[BLOCK_K, BLOCK_D])
-        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, 0, full_end, N_K,
-                                    qk_scale, BLOCK_K, False, CAUSAL, FP8, V_T, WS)
+        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h32 // GROUP, rows, 0,
+                                    full_end, N_K, qk_scale, BLOCK_D, BLOCK_K, False, CAUSAL, FP8,
+                                    V_T, WS)
     else:
         acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn,
                                       stride_vn, rows, 0, full_end, N_K, qk_scale, HEAD_DIM, BLOCK_D,
@@ -460,8 +484,9 @@ def flash_attention_fwd_kernel(
         masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
     if CAUSAL or not EVEN_K:
         if TMA:
-            acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, rows, full_end, masked_end,
-                                        N_K, qk_scale, BLOCK_K, True, CAUSAL, FP8, V_T, False)
+            acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h32 // GROUP, rows,
+                                        full_end, masked_end, N_K, qk_scale, BLOCK_D, BLOCK_K, True,
+                                        CAUSAL, FP8, V_T, False)
         else:
             acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn,
                                           stride_vn, rows, full_end, masked_end, N_K, qk_scale,
@@ -487,16 +512,25 @@ def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     block_d, block_d2 = column_blocks(D, 32 if fp8 else 16) if SPLIT_D else (
-        max(32 if fp8 else 16, triton.next_power_of_2(D)), 0)
+        max(32 if fp8 else 16, next_power_of_2(D)), 0)
     tma_ok = block_d2 == 0 and block_d == D and _tma_ok(q, k, v, v_t)
+    key = key + (block_d2, tma_ok)
+    # Descriptors only for configs that read them: each costs host time at every launch.
+    chosen = _CHOSEN.get((flash_attention_fwd_kernel, key))
+    descs = (None, None, None)
+    if tma_ok and chosen is None:  # the autotuner sets the tiles per config
+        descs = _descriptors(q, k, v, v_t, _block_shapes(16, 16, 16, v_t))
+    elif tma_ok and chosen.kwargs["TMA"]:
+        descs = _descriptors(q, k, v, v_t, _block_shapes(chosen.kwargs["BLOCK_Q"],
+                                                         chosen.kwargs["BLOCK_K"], block_d, v_t))
 
-    def grid(meta):
-        return flash_grid(Nq, B, H, meta["BLOCK_Q"])
+    def grid(meta):  # flash_grid's, with the host-side cdiv
+        return (cdiv(Nq, meta["BLOCK_Q"]), B * H, 1)
 
     v_strides = (v.stride(0), v.stride(1), v.stride(3)) if v_t else v.stride()[:3]
     launch_tuned(
-        flash_attention_fwd_kernel, grid, key + (block_d2, tma_ok),
-        q, k, v, o, lse, *descales,
+        flash_attention_fwd_kernel, grid, key,
+        q, k, v, o, lse, *descales, *descs,
         *q.stride()[:3], *k.stride()[:3], *v_strides, *o.stride()[:3],
         H, H // Hkv, Nq, Nk, scale * LOG2E, int(tma_ok),
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_D2=block_d2, CAUSAL=bool(causal),
@@ -555,20 +589,14 @@ def check_fp8_inputs(q, k, v, out_dtype):
         raise TypeError(f"q, k, v must share one FP8 dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if out_dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
-    # The shape rules are the fp16 kernels' (checked on same-shaped placeholders: the
-    # shared check names fp16/bf16/fp32 as its dtypes).
-    shapes = [torch.empty_strided(t.shape, t.stride(), dtype=torch.float16, device="meta")
-              for t in (q, k, v)]
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    B, H, Hkv, Nq, Nk, D = check_attention_inputs(*shapes)
+    B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v, dtypes=FP8_DTYPES)
     if D < 32:
         raise ValueError(f"head_dim {D} not supported in FP8: must be in [32, 256]")
     if q.device.type != "cuda" or INTERPRET:
         raise RuntimeError("FP8 attention runs on a CUDA GPU of compute capability >= 8.9 "
                            "(Ada, Hopper or later); Triton's interpreter on the CPU has no "
                            f"FP8 products (q is on {q.device})")
-    capability = torch.cuda.get_device_capability(q.device)
+    capability = _capability(q.device)
     if capability < FP8_MIN_CAPABILITY:
         raise RuntimeError(f"FP8 attention needs compute capability >= 8.9; "
                            f"{torch.cuda.get_device_name(q.device)} has {capability[0]}.{capability[1]}")
