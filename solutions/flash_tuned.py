@@ -641,7 +641,9 @@ def _descale_arg(value, device, name):
                              f"{tuple(value.shape)}")
         if value.device != device:
             raise ValueError(f"{name} must be on {device}, got {value.device}")
-        return value.reshape(1) if value.dtype == torch.float32 else value.reshape(1).float()
+        if value.dtype == torch.float32 and value.dim() == 1:  # as quantize_fp8 returns it
+            return value
+        return value.reshape(1).float()
     return torch.full((1,), float(value), device=device, dtype=torch.float32)
 
 
