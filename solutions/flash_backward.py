@@ -488,7 +488,7 @@ def flash_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, *, fused=Fa
     dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
-    block_d = max(16, flash_tuned.next_power_of_2(D))  # a power of two for tl.arange
+    block_d = max(16, triton.next_power_of_2(D))  # a power of two for tl.arange
     meta = dict(GROUP=H // Hkv, CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=block_d,
                 BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype))
     if fused:

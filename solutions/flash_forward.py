@@ -22,10 +22,9 @@ LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e))
 LN2 = tl.constexpr(0.6931471805599453)  # used inside kernels: a constexpr global
 
 
-def check_attention_inputs(q, k, v, dtypes=None):
+def check_attention_inputs(q, k, v):
     """Validate q [B, H, Nq, D], k/v [B, Hkv, Nk, D]; return (B, H, Hkv, Nq, Nk, D).
 
-    dtypes: the dtypes allowed (default fp16, bf16, fp32; the FP8 kernel passes its own).
     Raises TypeError for non-tensors and dtypes, ValueError for shapes and devices.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -34,9 +33,8 @@ def check_attention_inputs(q, k, v, dtypes=None):
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dims [batch, heads, seq, head_dim], "
                              f"got shape {tuple(t.shape)}")
-        if t.dtype not in (dtypes or SUPPORTED_DTYPES):
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: " + (
-                ", ".join(map(str, dtypes)) if dtypes else "fp16, bf16, fp32"))
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: fp16, bf16, fp32")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
