@@ -198,17 +198,16 @@ def _tma_ok(q, k, v, v_t):
     if not TRY_WS or not (INTERPRET or _capability(k.device)[0] == 9):
         return False
     size = k.element_size()
-    layouts = ((q, q.stride()), (k, k.stride()), _v_layout(v, v_t)[::2])
     return not any(t.data_ptr() % 16 or strides[3] != 1 or any(x * size % 16 for x in strides[:3])
-                   for t, strides in layouts)
+                   for t, _, strides in _layouts(q, k, v, v_t))
 
 
-def _v_layout(v, v_t):
-    """(v, shape, strides) as V's descriptor sees it: V_T stores keys contiguous, so its
-    descriptor is [B, H, D, N]."""
-    if v_t:
-        return v, [*v.shape[:2], v.shape[3], v.shape[2]], [v.stride(0), v.stride(1), v.stride(3), 1]
-    return v, [*v.shape], [*v.stride()]
+def _layouts(q, k, v, v_t):
+    """(tensor, shape, strides) of q, k, v as their descriptors see them: [B, H, N, D];
+    V_T stores V's keys contiguous, so its descriptor is [B, H, D, N]."""
+    v_layout = (v, [*v.shape[:2], v.shape[3], v.shape[2]], [v.stride(0), v.stride(1), v.stride(3), 1]
+                ) if v_t else (v, [*v.shape], [*v.stride()])
+    return (q, [*q.shape], [*q.stride()]), (k, [*k.shape], [*k.stride()]), v_layout
 
 
 def _descriptors(q, k, v, v_t, blocks):
@@ -216,9 +215,8 @@ def _descriptors(q, k, v, v_t, blocks):
     tiles `blocks` (`_block_shapes`). Made on the device instead, each program spent
     time on three of them before its first load: up to 22% of a forward at N = 1024
     on the H100 (PERF.md 3g)."""
-    return tuple(TensorDescriptor(t, shape, strides, block) for (t, shape, strides), block
-                 in zip(((q, [*q.shape], [*q.stride()]), (k, [*k.shape], [*k.stride()]), _v_layout(v, v_t)),
-                        blocks))
+    return tuple(TensorDescriptor(*layout, block)
+                 for layout, block in zip(_layouts(q, k, v, v_t), blocks))
 
 
 def cdiv(a, b):
@@ -427,9 +425,10 @@ def flash_attention_fwd_kernel(
     pid_bh = tl.program_id(1)
     b32 = pid_bh // H
     h32 = pid_bh % H
+    h_kv32 = h32 // GROUP  # (int32: descriptors' coordinates)
     b = b32.to(tl.int64)  # int64 offsets: large tensors pass 2**31 elements
     h = h32.to(tl.int64)
-    h_kv = h // GROUP
+    h_kv = h_kv32.to(tl.int64)
 
     q0 = pid_q * BLOCK_Q
     rows = q0 + tl.arange(0, BLOCK_Q)
@@ -470,7 +469,7 @@ def flash_attention_fwd_kernel(
     if TMA:
         # Tensor descriptors made on the host (TMA copies); with WS, Triton's warp
         # specialization too: producer warps issue the copies, the others compute.
-        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h32 // GROUP, rows, 0,
+        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h_kv32, rows, 0,
                                     full_end, N_K, qk_scale, BLOCK_D, BLOCK_K, False, CAUSAL, FP8,
                                     V_T, WS)
     else:
@@ -486,7 +485,7 @@ def flash_attention_fwd_kernel(
         masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
     if CAUSAL or not EVEN_K:
         if TMA:
-            acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h32 // GROUP, rows,
+            acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h_kv32, rows,
                                         full_end, masked_end, N_K, qk_scale, BLOCK_D, BLOCK_K, True,
                                         CAUSAL, FP8, V_T, False)
         else:

@@ -396,14 +396,19 @@ def _forward_cases():
 FORWARD_SHORTLIST = _forward_cases()
 
 
-@pytest.mark.parametrize("D, kind, config, causal, Nk", FORWARD_SHORTLIST.values(), ids=FORWARD_SHORTLIST.keys())
-def test_every_shortlisted_forward_config(monkeypatch, D, kind, config, causal, Nk):
+def _choose(monkeypatch, config):
+    """As if the autotuner had chosen `config` for every key."""
     chosen = flash_tuned._config(*config)
 
-    class Chosen(dict):  # as if the autotuner had chosen `config` for every key
+    class Chosen(dict):
         def get(self, key, default=None):
             return chosen
     monkeypatch.setattr(flash_tuned, "_CHOSEN", Chosen())
+
+
+@pytest.mark.parametrize("D, kind, config, causal, Nk", FORWARD_SHORTLIST.values(), ids=FORWARD_SHORTLIST.keys())
+def test_every_shortlisted_forward_config(monkeypatch, D, kind, config, causal, Nk):
+    _choose(monkeypatch, config)
     # 150 = 128 + 22 query rows, GQA; 144 keys make FP8's transposed V rows 144 bytes
     # long, as TMA needs (16-byte multiples)
     B, H, Hkv, Nq = 1, 2, 1, 150
@@ -424,4 +429,24 @@ def test_every_shortlisted_forward_config(monkeypatch, D, kind, config, causal, 
     o, lse = flash_attention_forward(q, k, v, causal=causal)
     o_ref, lse_ref = reference64(q, k, v, causal)
     assert_close(o, o_ref, name=f"o {kind} D={D} {config}", dim_names=("b", "h", "row", "col"), quiet=True)
+    assert_close(lse, lse_ref, name="lse", atol=1e-3, rtol=1e-3, quiet=True)
+
+
+DESCRIPTOR_CONFIGS = {f"D{D}-" + "x".join(map(str, c)): (D, c)
+                      for D, configs in ((64, flash_tuned.SHORTLIST_TMA[64]),
+                                         (128, flash_tuned.SHORTLIST_TMA[128])) for c in configs}
+
+
+@pytest.mark.parametrize("D, config", DESCRIPTOR_CONFIGS.values(), ids=DESCRIPTOR_CONFIGS.keys())
+def test_descriptor_configs_take_strided_heads(monkeypatch, D, config):
+    """Descriptors span [B, H, N, D] with the tensors' own strides: q, k, v as
+    [B, N, H, D] buffers seen as [B, H, N, D] (the next row in memory is another head's),
+    ragged lengths, GQA. (Bounds a few rows too long fail here: in the interpreter they
+    read past the buffer.)"""
+    _choose(monkeypatch, config)
+    q, k, v = make_qkv(2, 4, 2, 150, 144, D, torch.float16, layout="bnhd", seed=D)
+    assert q.stride(1) == D and flash_tuned._tma_ok(q, k, v, False)
+    o, lse = flash_attention_forward(q, k, v, causal=True)
+    o_ref, lse_ref = reference64(q, k, v, True)
+    assert_close(o, o_ref, name=f"o D={D} {config} bnhd", dim_names=("b", "h", "row", "col"), quiet=True)
     assert_close(lse, lse_ref, name="lse", atol=1e-3, rtol=1e-3, quiet=True)
