@@ -240,6 +240,9 @@ def bwd_dkdv_kernel(
     qk_scale = sm_scale * LOG2E_C
 
     lo, diag_end, full_end = _dkdv_stages(start_n, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+    # Causal: the diagonal blocks in steps of half as many rows. Masked steps cost more
+    # than the others, and more, smaller ones cost less than two large ones (PERF.md 3h).
+    DIAG_M: tl.constexpr = BLOCK_M // 2 if CAUSAL and BLOCK_M >= 32 else BLOCK_M
 
     # GQA: this K/V head serves GROUP query heads; their contributions add up here, so
     # dK and dV need neither atomics nor a reduction afterwards.
@@ -252,7 +255,7 @@ def bwd_dkdv_kernel(
         dk, dv = _dkdv_q_blocks(
             dk, dv, k, v, q_base, do_base, LSE + rows, DELTA + rows, dq_base, stride_qn,
             offs_n, offs_d, lo, diag_end, N_Q, N_K, qk_scale, sm_scale,
-            True, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+            True, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, DIAG_M, DOT_PRECISION)
         dk, dv = _dkdv_q_blocks(
             dk, dv, k, v, q_base, do_base, LSE + rows, DELTA + rows, dq_base, stride_qn,
             offs_n, offs_d, diag_end, full_end, N_Q, N_K, qk_scale, sm_scale,
@@ -357,6 +360,9 @@ def bwd_dq_kernel(
     qk_scale = sm_scale * LOG2E_C
 
     full_end, hi = _dq_stages(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+    # Causal: the masked key blocks (the diagonal) in steps of a quarter as many keys, as
+    # in the dK/dV kernel.
+    DIAG_N: tl.constexpr = BLOCK_N // 4 if CAUSAL and BLOCK_N >= 64 else BLOCK_N
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh  # (the head dim is contiguous)
     dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
@@ -364,7 +370,7 @@ def bwd_dq_kernel(
                        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
     dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                        offs_m, offs_d, full_end, hi, N_K, qk_scale,
-                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+                       True, CAUSAL, HEAD_DIM, BLOCK_D, DIAG_N, DOT_PRECISION)
 
     dq = dq * sm_scale  # dQ = scale * dS K
     tl.store(DQ + (rows + offs_m[:, None]) * HEAD_DIM + offs_d[None, :],
@@ -374,8 +380,8 @@ def bwd_dq_kernel(
 # ---------------------------------------------------------------------------------------
 # Launch configurations. The interpreter takes one small config (it cannot autotune);
 # on a GPU each kernel is autotuned over a shortlist per head-dim bucket, taken from
-# sweeps on an H100 (buckets 64, 128; the unfused 64 bucket again on an H200) and an
-# H200 (bucket 256: D = 160, 192, 256)
+# sweeps on an H100 (buckets 64, 128; the unfused 256 bucket again, PERF.md 3h) and an
+# H200 (the unfused 64 bucket again; bucket 256: D = 160, 192, 256)
 # (solutions/PERF.md, "## Backward"). Entries are (BLOCK_M, BLOCK_N, num_warps,
 # num_stages), best first.
 
@@ -383,14 +389,14 @@ INTERPRET_CONFIG = dict(BLOCK_M=32, BLOCK_N=32)
 SHORTLIST = {
     "dkdv": {64: [(64, 128, 4, 3), (32, 128, 4, 4), (64, 128, 8, 2)],
              128: [(64, 128, 8, 2), (32, 128, 8, 3)],
-             256: [(64, 64, 8, 2), (32, 64, 8, 2)]},
+             256: [(64, 64, 8, 2), (64, 32, 8, 3)]},
     # The fused kernel also holds a [BLOCK_M, D] dQ tile per step, so it likes other tiles.
     "dkdv_fused": {64: [(64, 128, 8, 3), (64, 64, 4, 3)],
                    128: [(64, 128, 8, 2), (32, 128, 8, 3)],
                    256: [(64, 64, 8, 1), (32, 64, 4, 2)]},
     "dq": {64: [(128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
            128: [(64, 64, 4, 2), (64, 32, 4, 3)],
-           256: [(64, 64, 4, 2), (128, 64, 8, 1), (64, 32, 4, 2)]},
+           256: [(128, 32, 8, 3), (64, 64, 4, 2), (128, 64, 8, 1)]},
 }
 # Exact fp32 dots (input_precision="ieee") run on the FMA units: small tiles, quick compiles.
 FP32_SHORTLIST = {"dkdv": [(32, 64, 4, 2)], "dkdv_fused": [(32, 64, 4, 2)], "dq": [(64, 32, 4, 2)]}
