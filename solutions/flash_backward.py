@@ -360,8 +360,8 @@ def bwd_dq_kernel(
     qk_scale = sm_scale * LOG2E_C
 
     full_end, hi = _dq_stages(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
-    # Causal: the masked key blocks (the diagonal) in steps of a quarter as many keys, as
-    # in the dK/dV kernel.
+    # Causal: the masked key blocks (the diagonal) in steps of a quarter as many keys, for
+    # the dK/dV kernel's reason (a quarter measured faster here, half there: PERF.md 3h).
     DIAG_N: tl.constexpr = BLOCK_N // 4 if CAUSAL and BLOCK_N >= 64 else BLOCK_N
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh  # (the head dim is contiguous)
