@@ -154,7 +154,9 @@ def _dkdv_q_blocks(
     entries; the caller only sends such blocks there.
     """
     offs_m0 = tl.arange(0, BLOCK_M)
-    for start_m in range(lo, hi, BLOCK_M):
+    # Masked loops (the diagonal, one ragged block) are short: not pipelining them is also
+    # part of what keeps ptxas from serializing the wgmma (PERF.md 3h).
+    for start_m in tl.range(lo, hi, BLOCK_M, num_stages=1 if MASK else None):
         offs_m = start_m + offs_m0
         q = _load_rows(Q, offs_m, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASK)
         do = _load_rows(DO, offs_m, HEAD_DIM, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASK)
@@ -243,6 +245,13 @@ def bwd_dkdv_kernel(
     # Causal: the diagonal blocks in steps of half as many rows. Masked steps cost more
     # than the others, and more, smaller ones cost less than two large ones (PERF.md 3h).
     DIAG_M: tl.constexpr = BLOCK_M // 2 if CAUSAL and BLOCK_M >= 32 else BLOCK_M
+    # Then the blocks without masks and the ragged tail, in the order that keeps ptxas from
+    # serializing every wgmma of the kernel (its advisory C7515, PERF.md 3h): the loop
+    # without masks last when causal, first when not.
+    if CAUSAL:
+        lo2, hi2, lo3, hi3 = full_end, N_Q, diag_end, full_end
+    else:
+        lo2, hi2, lo3, hi3 = diag_end, full_end, full_end, N_Q
 
     # GQA: this K/V head serves GROUP query heads; their contributions add up here, so
     # dK and dV need neither atomics nor a reduction afterwards.
@@ -258,12 +267,12 @@ def bwd_dkdv_kernel(
             True, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, DIAG_M, DOT_PRECISION)
         dk, dv = _dkdv_q_blocks(
             dk, dv, k, v, q_base, do_base, LSE + rows, DELTA + rows, dq_base, stride_qn,
-            offs_n, offs_d, diag_end, full_end, N_Q, N_K, qk_scale, sm_scale,
-            False, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+            offs_n, offs_d, lo2, hi2, N_Q, N_K, qk_scale, sm_scale,
+            CAUSAL, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
         dk, dv = _dkdv_q_blocks(
             dk, dv, k, v, q_base, do_base, LSE + rows, DELTA + rows, dq_base, stride_qn,
-            offs_n, offs_d, full_end, N_Q, N_Q, N_K, qk_scale, sm_scale,
-            True, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+            offs_n, offs_d, lo3, hi3, N_Q, N_K, qk_scale, sm_scale,
+            not CAUSAL, CAUSAL, FUSED_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
 
     dk = dk * sm_scale  # dK = scale * dS^T Q: the scale of S = scale * Q K^T, once
     out = pid_bh.to(tl.int64) * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
@@ -380,15 +389,15 @@ def bwd_dq_kernel(
 # ---------------------------------------------------------------------------------------
 # Launch configurations. The interpreter takes one small config (it cannot autotune);
 # on a GPU each kernel is autotuned over a shortlist per head-dim bucket, taken from
-# sweeps on an H100 (buckets 64, 128; the unfused 256 bucket again, PERF.md 3h) and an
-# H200 (the unfused 64 bucket again; bucket 256: D = 160, 192, 256)
-# (solutions/PERF.md, "## Backward"). Entries are (BLOCK_M, BLOCK_N, num_warps,
-# num_stages), best first.
+# sweeps on an H100 (buckets 64, 128; the unfused 256 bucket again, PERF.md 3h; the
+# unfused dK/dV 64 and 128 buckets again after the loop order, 3i) and an H200 (bucket
+# 256: D = 160, 192, 256) (solutions/PERF.md, "## Backward"). Entries are (BLOCK_M,
+# BLOCK_N, num_warps, num_stages), best first.
 
 INTERPRET_CONFIG = dict(BLOCK_M=32, BLOCK_N=32)
 SHORTLIST = {
-    "dkdv": {64: [(64, 128, 4, 3), (32, 128, 4, 4), (64, 128, 8, 2)],
-             128: [(64, 128, 8, 2), (32, 128, 8, 3)],
+    "dkdv": {64: [(64, 64, 4, 3), (32, 128, 4, 4), (64, 64, 4, 2)],
+             128: [(64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 3)],
              256: [(64, 64, 8, 2), (64, 32, 8, 3)]},
     # The fused kernel also holds a [BLOCK_M, D] dQ tile per step, so it likes other tiles.
     "dkdv_fused": {64: [(64, 128, 8, 3), (64, 64, 4, 3)],

@@ -56,7 +56,9 @@ def _dkdv_q_blocks_split(
     """Module 08's `_dkdv_q_blocks` (query blocks [lo, hi) into this KV block's dK, dV,
     transposed scores) with every tile in two column blocks."""
     offs_m0 = tl.arange(0, BLOCK_M)
-    for start_m in range(lo, hi, BLOCK_M):
+    # As in module 08, the masked loops unpipelined, but only up to width 128: beyond, that
+    # costs more registers than it saves (H100, PERF.md 3i).
+    for start_m in tl.range(lo, hi, BLOCK_M, num_stages=1 if MASK and WIDTH <= 128 else None):
         offs_m = start_m + offs_m0
         q, q2 = _rows_split(Q, offs_m, stride_qn, offs_d, offs_d2, N_Q, HEAD_DIM, WIDTH, MASK)
         do, do2 = _rows_split(DO, offs_m, HEAD_DIM, offs_d, offs_d2, N_Q, HEAD_DIM, WIDTH, MASK)
@@ -118,6 +120,10 @@ def bwd_dkdv_split_kernel(
     qk_scale = sm_scale * LOG2E_C
 
     lo, diag_end, full_end = _dkdv_stages(start_n, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+    if CAUSAL:  # the stage order of module 08's kernel (ptxas serializes less; PERF.md 3i)
+        lo2, hi2, lo3, hi3 = full_end, N_Q, diag_end, full_end
+    else:
+        lo2, hi2, lo3, hi3 = diag_end, full_end, full_end, N_Q
     for g in range(GROUP):  # GQA: the query heads sharing this K/V head add up here
         h = h_kv * GROUP + g
         q_base = Q + b * stride_qb + h * stride_qh
@@ -129,12 +135,12 @@ def bwd_dkdv_split_kernel(
             True, CAUSAL, HEAD_DIM, WIDTH, BLOCK_M, DOT_PRECISION)
         dk, dk2, dv, dv2 = _dkdv_q_blocks_split(
             dk, dk2, dv, dv2, k, k2, v, v2, q_base, do_base, lse_base, delta_base,
-            stride_qn, offs_n, offs_d, offs_d2, diag_end, full_end, N_Q, N_K, qk_scale,
-            False, CAUSAL, HEAD_DIM, WIDTH, BLOCK_M, DOT_PRECISION)
+            stride_qn, offs_n, offs_d, offs_d2, lo2, hi2, N_Q, N_K, qk_scale,
+            CAUSAL, CAUSAL, HEAD_DIM, WIDTH, BLOCK_M, DOT_PRECISION)
         dk, dk2, dv, dv2 = _dkdv_q_blocks_split(
             dk, dk2, dv, dv2, k, k2, v, v2, q_base, do_base, lse_base, delta_base,
-            stride_qn, offs_n, offs_d, offs_d2, full_end, N_Q, N_Q, N_K, qk_scale,
-            True, CAUSAL, HEAD_DIM, WIDTH, BLOCK_M, DOT_PRECISION)
+            stride_qn, offs_n, offs_d, offs_d2, lo3, hi3, N_Q, N_K, qk_scale,
+            not CAUSAL, CAUSAL, HEAD_DIM, WIDTH, BLOCK_M, DOT_PRECISION)
 
     out = pid_bh.to(tl.int64) * N_K * HEAD_DIM
     _store_split(DK + out, offs_n, N_K, dk * sm_scale, dk2 * sm_scale, offs_d, offs_d2, HEAD_DIM)
@@ -229,11 +235,12 @@ def bwd_dq_split_kernel(
 # ---------------------------------------------------------------------------------------
 # Launch configurations, (BLOCK_M, BLOCK_N, num_warps, num_stages) best first, per class
 # of tile width (BLOCK_D + BLOCK_D2: 48, 80, 96 in the 128 class, 144-192 in the 192
-# class), from a sweep on an H200 (solutions/PERF.md, "3e. The backward in two column blocks").
+# class), from a sweep on an H200 (solutions/PERF.md, "3e. The backward in two column blocks");
+# the dK/dV lists reordered from H100 timings after the loop order (3i).
 
 SHORTLIST = {
-    "dkdv": {128: [(64, 128, 8, 2), (64, 64, 4, 3), (64, 128, 8, 3)],
-             192: [(64, 128, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2)]},
+    "dkdv": {128: [(64, 64, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2)],
+             192: [(32, 128, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2)]},
     "dq": {128: [(64, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 2)],
            192: [(128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 2)]},
 }

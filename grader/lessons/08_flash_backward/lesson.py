@@ -361,7 +361,10 @@ checks.check_bwd_preprocess_kernel(bwd_preprocess_kernel)
 # does not split never calls it, and may leave it as it is. (The answer key goes one step
 # further: with `CAUSAL` it walks the diagonal blocks in steps of `BLOCK_M // 2` rows (16 or more). Masked
 # steps cost more than the others on a GPU, and more, smaller ones cost less than two large
-# ones. It changes no result.)
+# ones. With `CAUSAL` it also walks the unmasked blocks last, and it does not pipeline its
+# masked loops: the sums change only by rounding, but the GPU compiler overlaps the matrix
+# multiplications of these loops only when they come that way. Neither changes what the
+# check accepts.)
 #
 # The check launches it on `(cdiv(Nk, BLOCK_N), B · Hkv)` with `FUSED_DQ=False` (it must then
 # leave `DQ` alone), blocks of 16 or 32 (not always equal), `Nq != Nk` both ways and ragged,
