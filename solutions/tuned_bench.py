@@ -22,8 +22,9 @@ Sections (H = 16, B * N = 16384, N in 1024 / 4096 / 16384, causal or not):
 - train: forward+backward at D = 64 / 128, fp16 and bf16: ours, FA2, cuDNN, and (fp16)
          the tutorial's own forward+backward, without and with warp specialization.
 - small: the N = 1024, D = 64 training step (fwd+bwd) that the host's launch time
-         bounds: ours and FA2, `--reps` times each in one process, eager and CUDA graph,
-         with the spread; and the host time of one step.
+         bounds: ours, FA2 and (fp16) the tutorial, `--reps` times each in one process,
+         eager and (not the tutorial) CUDA graph, with the spread; and the host time of
+         one step.
 The tutorial is not part of this repository: pass the path of a copy of it (a module
 with `forward(q, k, v, causal, sm_scale, warp_specialize)` returning its forward's output,
 `train(...)` the same through its autograd Function, and its kernel `_attn_fwd`);
@@ -445,21 +446,26 @@ def run_small(case, reps):
     do = torch.randn_like(q)
     grads = [q, k, v]
     flops = _flops(q.shape[0], case["N"], case["D"], c, True)
-    fns = {"ours": lambda: flash_attention(q, k, v, causal=c)[0].backward(do),
-           "FA2": lambda: _sdpa("FLASH_ATTENTION")(q, k, v, c).backward(do)}
+    forwards = {"ours": lambda: flash_attention(q, k, v, causal=c)[0]}
+    if TUT is not None and q.dtype == torch.float16:  # its training step is fp16 only
+        forwards["tut"] = lambda: TUT.train(q, k, v, c, q.shape[-1] ** -0.5, False)
+    fns = {name: (lambda f=f: f().backward(do)) for name, f in forwards.items()}
+    fns["FA2"] = lambda: _sdpa("FLASH_ATTENTION")(q, k, v, c).backward(do)
     # check once against SDPA's default backend
     o = F.scaled_dot_product_attention(q, k, v, is_causal=c)
     expected = [o.detach()] + list(torch.autograd.grad(o, (q, k, v), do))
     rows = []
-    for t in grads:
-        t.grad = None
-    # detached at once: an output kept alive keeps its autograd graph, and with it the
-    # leaves' AccumulateGrad nodes bound to the default stream, which breaks the CUDA
-    # graph capture below (cudaErrorStreamCaptureImplicit, PERF.md 3c)
-    o = flash_attention(q, k, v, causal=c)[0]
-    o.backward(do)
-    o = o.detach()
-    err = max([_rel(o, expected[0])] + [_rel(t.grad, e) for t, e in zip(grads, expected[1:])])
+    errs = {}
+    for name, forward in forwards.items():
+        for t in grads:
+            t.grad = None
+        # detached at once: an output kept alive keeps its autograd graph, and with it the
+        # leaves' AccumulateGrad nodes bound to the default stream, which breaks the CUDA
+        # graph capture below (cudaErrorStreamCaptureImplicit, PERF.md 3c)
+        o = forward()
+        o.backward(do)
+        o = o.detach()
+        errs[name] = max([_rel(o, expected[0])] + [_rel(t.grad, e) for t, e in zip(grads, expected[1:])])
     for t in grads:
         t.grad = None
     eager = {n: [] for n in fns}
@@ -468,7 +474,8 @@ def run_small(case, reps):
     for _ in range(reps):
         for name, fn in fns.items():
             eager[name].append(_ms(fn))
-            graph[name].append(_graph_ms(fn, grads, rep=REP_MS))
+            # the tutorial's step is timed eagerly only (its autotuner is not meant for capture)
+            graph[name].append(_graph_ms(fn, grads, rep=REP_MS) if name != "tut" else float("nan"))
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(20):
@@ -478,11 +485,15 @@ def run_small(case, reps):
     for name in fns:
         r = [eager["FA2"][i] / eager[name][i] for i in range(reps)]
         gr = [graph["FA2"][i] / graph[name][i] for i in range(reps)]
+        vs_tut = ""
+        if name == "ours" and "tut" in fns:
+            vs_tut = " | tut/X " + " ".join(f"{eager['tut'][i] / eager[name][i]:.2f}" for i in range(reps))
+        err = errs.get(name, 0.0)
         rows.append(_row(case, "fwd+bwd", name, ms=f"{statistics.median(eager[name]):.4f}",
                          tflops=f"{flops / statistics.median(eager[name]) / 1e9:.1f}",
-                         err=f"{err:.2e}" if name.startswith("ours") else "",
+                         err=f"{err:.2e}" if name in errs else "",
                          config=(" ".join(f"{x:.2f}" for x in r) + " | graph " + " ".join(f"{x:.2f}" for x in gr)
-                                 + " | host ms " + " ".join(f"{x:.3f}" for x in host[name])),
+                                 + " | host ms " + " ".join(f"{x:.3f}" for x in host[name]) + vs_tut),
                          status="ok" if err < 2e-2 else f"WRONG {err:.2g}"))
     return rows
 
@@ -539,8 +550,9 @@ def _warm(section, index, tutorial, lengths):
             run_check(case)
         elif section == "small":
             q, k, v = (t.to(case["dtype"]).requires_grad_(True) for t in _inputs(case))
-            from solutions.flash_backward import flash_attention
-            flash_attention(q, k, v, causal=case["causal"])[0].backward(torch.randn_like(q))
+            for name, fn in _train_impls(case, q, k, v).items():
+                if name in ("ours", "tut"):
+                    fn(torch.randn_like(q))
         elif section == "dims":
             q, k, v = (t.half() for t in _inputs(case))
             for name, fn in _dims_impls(case, q, k, v, False).items():
@@ -668,7 +680,7 @@ def print_tables(all_rows):
                 line += f" | {r['err']} {r['status']} | {r['err_kernel']} | {r['config']}"
             else:
                 for r in rows:
-                    if r["impl"] == "ours":
+                    if r["impl"] != "FA2":
                         line += f"\n      {r['impl']:8}: {r['config']}"
             print(line)
 

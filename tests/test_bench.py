@@ -55,6 +55,10 @@ def test_tuned_bench_tables(tmp_path, capsys):
                              ("tut-e5m2", "400.0", "1e-1"), ("tut-e5m2-ws", "350.0", "1e-1"))]
     rows += [tb._row(dims, "fwd", i, tflops=t) for i, t in (("ours", "390.0"), ("ours-padded", "300.0"),
                                                            ("FA2", "300.0"), ("cuDNN", "600.0"))]
+    small = dict(section="small", dtype="float16", D=64, N=1024, causal=True)
+    rows += [tb._row(small, "fwd+bwd", i, tflops=t, config=c)
+             for i, t, c in (("ours", "200.0", "1.50 1.40 | tut/X 1.20 0.90"), ("FA2", "135.0", "1.00 1.00"),
+                             ("tut", "170.0", "1.30 1.20"))]
     path = tmp_path / "t.csv"
     with open(path, "w", newline="") as f:
         writer = csv_.DictWriter(f, fieldnames=tb.FIELDS)
@@ -68,3 +72,7 @@ def test_tuned_bench_tables(tmp_path, capsys):
     assert line.split("|")[2].split() == ["1.50", "1.40", "1.05"], line  # 450/300, 420/300, 420/400
     line = next(x for x in out.splitlines() if x.startswith("float16  160 16384 n"))
     assert line.split("|")[2].split() == ["1.30", "0.65", "1.30"], line
+    # the small section: a line of per-repetition ratios under the case for ours and the tutorial
+    at = out.splitlines().index(next(x for x in out.splitlines() if x.startswith("float16   64  1024 y |       200.0")))
+    assert out.splitlines()[at + 1].split() == ["ours", ":", "1.50", "1.40", "|", "tut/X", "1.20", "0.90"]
+    assert out.splitlines()[at + 2].split() == ["tut", ":", "1.30", "1.20"]
