@@ -396,8 +396,8 @@ def bwd_dq_kernel(
 
 INTERPRET_CONFIG = dict(BLOCK_M=32, BLOCK_N=32)
 SHORTLIST = {
-    "dkdv": {64: [(64, 64, 4, 3), (32, 128, 4, 4), (64, 64, 4, 2)],
-             128: [(64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 3)],
+    "dkdv": {64: [(64, 64, 4, 4), (64, 64, 4, 3), (32, 128, 4, 4)],
+             128: [(64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 2)],
              256: [(64, 64, 8, 2), (64, 32, 8, 3)]},
     # The fused kernel also holds a [BLOCK_M, D] dQ tile per step, so it likes other tiles.
     "dkdv_fused": {64: [(64, 128, 8, 3), (64, 64, 4, 3)],
