@@ -120,7 +120,10 @@ def bwd_dkdv_split_kernel(
     qk_scale = sm_scale * LOG2E_C
 
     lo, diag_end, full_end = _dkdv_stages(start_n, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
-    if CAUSAL:  # the stage order of module 08's kernel (ptxas serializes less; PERF.md 3i)
+    # Module 08's diagonal in half-height steps and its stage order: with both, ptxas
+    # serializes no wgmma here either (with the order alone, widths 144-192 were; PERF.md 3i).
+    DIAG_M: tl.constexpr = BLOCK_M // 2 if CAUSAL and BLOCK_M >= 32 else BLOCK_M
+    if CAUSAL:
         lo2, hi2, lo3, hi3 = full_end, N_Q, diag_end, full_end
     else:
         lo2, hi2, lo3, hi3 = diag_end, full_end, full_end, N_Q
@@ -132,7 +135,7 @@ def bwd_dkdv_split_kernel(
         dk, dk2, dv, dv2 = _dkdv_q_blocks_split(
             dk, dk2, dv, dv2, k, k2, v, v2, q_base, do_base, lse_base, delta_base,
             stride_qn, offs_n, offs_d, offs_d2, lo, diag_end, N_Q, N_K, qk_scale,
-            True, CAUSAL, HEAD_DIM, WIDTH, BLOCK_M, DOT_PRECISION)
+            True, CAUSAL, HEAD_DIM, WIDTH, DIAG_M, DOT_PRECISION)
         dk, dk2, dv, dv2 = _dkdv_q_blocks_split(
             dk, dk2, dv, dv2, k, k2, v, v2, q_base, do_base, lse_base, delta_base,
             stride_qn, offs_n, offs_d, offs_d2, lo2, hi2, N_Q, N_K, qk_scale,
