@@ -155,7 +155,7 @@ def _dkdv_q_blocks(
     """
     offs_m0 = tl.arange(0, BLOCK_M)
     # Masked loops (the diagonal, one ragged block) are short: not pipelining them is also
-    # part of what keeps ptxas from serializing the wgmma (PERF.md 3h).
+    # part of what keeps ptxas from serializing the wgmma (PERF.md 3h, 3i).
     for start_m in tl.range(lo, hi, BLOCK_M, num_stages=1 if MASK else None):
         offs_m = start_m + offs_m0
         q = _load_rows(Q, offs_m, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASK)
@@ -246,7 +246,7 @@ def bwd_dkdv_kernel(
     # than the others, and more, smaller ones cost less than two large ones (PERF.md 3h).
     DIAG_M: tl.constexpr = BLOCK_M // 2 if CAUSAL and BLOCK_M >= 32 else BLOCK_M
     # Then the blocks without masks and the ragged tail, in the order that keeps ptxas from
-    # serializing every wgmma of the kernel (its advisory C7515, PERF.md 3h): the loop
+    # serializing every wgmma of the kernel (its advisory C7515, PERF.md 3h, 3i): the loop
     # without masks last when causal, first when not.
     if CAUSAL:
         lo2, hi2, lo3, hi3 = full_end, N_Q, diag_end, full_end

@@ -358,10 +358,10 @@ checks.check_bwd_preprocess_kernel(bwd_preprocess_kernel)
 # the blocks needing no mask, then the ragged last block; when this program's key block is
 # itself ragged (`start_n + BLOCK_N > N_K`), every block needs the key mask. Both pass. The
 # cell has a place for the split, `_dkdv_stages`, returning the three boundaries; a kernel that
-# does not split never calls it, and may leave it as it is. (The answer key goes one step
-# further: with `CAUSAL` it walks the diagonal blocks in steps of `BLOCK_M // 2` rows (16 or more). Masked
-# steps cost more than the others on a GPU, and more, smaller ones cost less than two large
-# ones. With `CAUSAL` it also walks the unmasked blocks last, and it does not pipeline its
+# does not split never calls it, and may leave it as it is. (The answer key goes further.
+# With `CAUSAL` it walks the diagonal blocks in steps of `BLOCK_M // 2` rows (16 or more):
+# masked steps cost more than the others on a GPU, and more, smaller ones cost less than two
+# large ones. With `CAUSAL` it walks the unmasked blocks last, and it never pipelines its
 # masked loops: the sums change only by rounding, but the GPU compiler overlaps the matrix
 # multiplications of these loops only when they come that way. Neither changes what the
 # check accepts.)
@@ -403,8 +403,8 @@ checks.check_bwd_dkdv_kernel(bwd_dkdv_kernel)
 # `min(N_K, start_m + BLOCK_M)`; key blocks that end at or before the block's first row
 # (`start_m`) and lie inside `N_K` need no mask (`MASK=False`): `_dq_stages` is the place for
 # those two boundaries (optional, as `_dkdv_stages` is; the answer key also walks the masked
-# blocks of a causal program in steps of `BLOCK_N // 4` keys where `BLOCK_N` >= 64). Causal programs of later query
-# blocks have more keys to walk: starting them first
+# blocks of a causal program in steps of `BLOCK_N // 4` keys where `BLOCK_N` >= 64). Causal
+# programs of later query blocks have more keys to walk: starting them first
 # (`pid_m = tl.num_programs(0) − 1 − tl.program_id(0)`) shortens the GPU's last wave; it
 # changes no result.
 #
