@@ -57,13 +57,16 @@ SHORTLIST_FP8 = {
 }
 # Descriptor configs: Q, K and V through tensor descriptors made on the host ("tma"; Q
 # stays in shared memory, which lets 4 warps hold a 128-row tile), and warp-specialized
-# ("ws"; with 4 warps Triton 3.6 compiles them only where the masked stage is left out,
-# and there they lost to "tma"). Power-of-two head dims only; they compete with the
-# above where `_tma_ok` allows. From sweeps on an H200 and an H100 (PERF.md 3f, 3g).
+# ("ws"). Power-of-two head dims only; they compete with the above where `_tma_ok`
+# allows. From sweeps on an H200 and an H100 (PERF.md 3f, 3g, 3j). A 4-warp "ws" config
+# runs only where nothing is masked (`single_loop_only`); with 3 stages its output was
+# NaN on the H100 (3j), so the lists hold 2-stage ones.
 SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4, 3, "tma")],
-                 128: [(128, 64, 4, 2, "tma"), (128, 128, 8, 2, "ws"), (64, 64, 4, 3, "tma")]}
+                 128: [(128, 64, 4, 2, "tma"), (128, 128, 8, 2, "ws"), (64, 64, 4, 3, "tma"),
+                       (128, 128, 4, 2, "ws")]}
 SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma")],
-                     128: [(64, 64, 4, 3, "tma"), (128, 64, 4, 3, "tma"), (128, 64, 4, 4, "tma")]}
+                     128: [(64, 64, 4, 3, "tma"), (128, 64, 4, 3, "tma"), (128, 64, 4, 4, "tma"),
+                           (128, 128, 4, 2, "ws")]}
 # False: never the descriptor configs (for comparisons; FLASH_TUNED_WS=0 sets it).
 TRY_WS = os.environ.get("FLASH_TUNED_WS", "1") != "0"
 SHORT_Q = (64, 64, 4, 3)  # at most 64 query rows: a 128-row block would be half empty
@@ -106,8 +109,10 @@ def launch_tuned(tuned, grid, key, *args, **kwargs):
 
 def _config(bq, bk, w, s, tag=None):
     """tag: None (pointer loads), "tma" (tensor descriptors) or "ws" (descriptors and
-    warp specialization)."""
-    return triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk, "TMA": tag is not None, "WS": tag == "ws"},
+    warp specialization). Q_DEVICE: Q's descriptor is made by each program (`Q_DEVICE`
+    in the kernel says why), for the 4-warp "ws" configs."""
+    return triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk, "TMA": tag is not None, "WS": tag == "ws",
+                          "Q_DEVICE": single_loop_only((bq, bk, w, s, tag))},
                          num_warps=w, num_stages=s, pre_hook=_fit_descriptors if tag else None)
 
 
@@ -146,6 +151,13 @@ def width_class(width):
     return 64 if width <= 64 else 128 if width <= 128 else 192 if width <= 192 else 256
 
 
+def single_loop_only(shape):
+    """A 4-warp "ws" config compiles only where its loop is the program's one loop: with
+    Triton 3.6 the warp specialization fails when the masked stage (causal, or ragged
+    keys) follows it (PERF.md 3f). The autotuner offers it only where nothing is masked."""
+    return shape[4:] == ("ws",) and shape[2] == 4
+
+
 def _even_k(args):
     """The keys fill whole blocks of the config's BLOCK_K (a heuristic: computed per launch)."""
     return args["N_K"] % args["BLOCK_K"] == 0
@@ -172,6 +184,8 @@ def _prune(configs, named_args, **kwargs):
         wanted = (SHORTLIST_FP8 if fp8 else SHORTLIST)[width]
         if args.get("TMA_OK") and len(parts) == 1 and parts[0] == args.get("HEAD_DIM"):
             wanted = wanted + (SHORTLIST_TMA_FP8 if fp8 else SHORTLIST_TMA).get(width, [])
+    wanted = [w for w in wanted
+              if not (single_loop_only(w) and (args["CAUSAL"] or args["N_K"] % w[1]))]
     limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
     by_shape = {_shape(c): c for c in configs}
     if len(parts) == 1:
@@ -208,6 +222,19 @@ def _layouts(q, k, v, v_t):
     v_layout = (v, [*v.shape[:2], v.shape[3], v.shape[2]], [v.stride(0), v.stride(1), v.stride(3), 1]
                 ) if v_t else (v, [*v.shape], [*v.stride()])
     return (q, [*q.shape], [*q.stride()]), (k, [*k.shape], [*k.stride()]), v_layout
+
+
+def _scratch(size, alignment, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def _scratch_allocator():
+    """Descriptors made on the device (Q_DEVICE) take global scratch memory from the
+    allocator `triton.set_allocator` sets: ours, where none is set. Checked at each
+    launch: the setting is per thread (a ContextVar)."""
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 def _descriptors(q, k, v, v_t, blocks):
@@ -411,7 +438,7 @@ def flash_attention_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    Q_DEVICE: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     # The head dim must be contiguous (the wrapper sees to it): rows load as wide vectors.
     # V_T: V's keys are contiguous instead, and stride_vn is the stride of its head dim.
@@ -440,7 +467,21 @@ def flash_attention_fwd_kernel(
         # A TMA copy leaves the Q tile in shared memory, where the products can read it:
         # loaded into registers, it takes 64 of them a thread with 4 warps at D = 128.
         tl.static_assert(BLOCK_D2 == 0 and BLOCK_D == HEAD_DIM)
-        q = Q_DESC.load([b32, h32, q0, 0]).reshape(BLOCK_Q, BLOCK_D)
+        if Q_DEVICE:
+            # A 4-warp warp-specialized loop gets two consumer warpgroups, and Triton 3.6
+            # loads Q in two 64-row halves, one for each. The box of a host-made
+            # descriptor is fixed at launch (BLOCK_Q rows): each half would copy 128 rows
+            # into a 64-row buffer, and on the H100 the program never ends. The compiler
+            # re-tiles a descriptor made here. For the second half it adds 64 to the
+            # load's row, and to every other use of that value: with q0 itself as the
+            # row, `rows` got the 64 twice. So the row is min(q0, N_Q): q0 (every block
+            # starts before N_Q), but a value of its own (PERF.md 3j).
+            q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh,
+                                               shape=[N_Q, HEAD_DIM], strides=[stride_qn, 1],
+                                               block_shape=[BLOCK_Q, BLOCK_D])
+            q = q_desc.load([tl.minimum(q0, N_Q), 0])
+        else:
+            q = Q_DESC.load([b32, h32, q0, 0]).reshape(BLOCK_Q, BLOCK_D)
     else:
         q = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
@@ -515,6 +556,8 @@ def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
     block_d, block_d2 = column_blocks(D, 32 if fp8 else 16) if SPLIT_D else (
         max(32 if fp8 else 16, next_power_of_2(D)), 0)
     tma_ok = block_d2 == 0 and block_d == D and _tma_ok(q, k, v, v_t)
+    if tma_ok and not INTERPRET:
+        _scratch_allocator()
     key = key + (block_d2, tma_ok)
     # Descriptors only for configs that read them: each costs host time at every launch.
     chosen = _CHOSEN.get((flash_attention_fwd_kernel, key))

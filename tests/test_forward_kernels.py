@@ -4,6 +4,7 @@ On a CPU these run through Triton's interpreter at small sizes (the whole file i
 under a minute and a half); on a CUDA GPU the same tests run compiled, plus bf16 and
 larger shapes.
 """
+import types
 import zlib
 
 import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is imported)
@@ -387,10 +388,12 @@ def _forward_shortlist():
 def _forward_cases():
     """Each config, causal or not, with 144 keys (ragged for every tile) and 128 (whole
     blocks: the kernel compiled without its masked stage where nothing is causal), as the
-    autotuner would try them."""
+    autotuner would try them: a 4-warp "ws" config only with whole blocks, not causal
+    (test_single_loop_configs_only_where_nothing_is_masked)."""
     return {f"{name}-{'causal' if causal else 'full'}-k{n_k}": (D, kind, config, causal, n_k)
             for name, (D, kind, config) in _forward_shortlist().items()
-            for causal in (False, True) for n_k in (144, 128)}
+            for causal in (False, True) for n_k in (144, 128)
+            if not (flash_tuned.single_loop_only(config) and (causal or n_k % config[1]))}
 
 
 FORWARD_SHORTLIST = _forward_cases()
@@ -437,6 +440,24 @@ DESCRIPTOR_CONFIGS = {f"D{D}-" + "x".join(map(str, c)): (D, c)
                                          (128, flash_tuned.SHORTLIST_TMA[128])) for c in configs}
 
 
+def test_single_loop_configs_only_where_nothing_is_masked(monkeypatch):
+    """The autotuner offers a 4-warp "ws" config (it compiles only as the program's one
+    loop) where no key block is masked: not causal, and the keys fill whole blocks."""
+    monkeypatch.setattr(flash_tuned, "INTERPRET", False)
+    props = types.SimpleNamespace(shared_memory_per_block_optin=232448)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    configs = [flash_tuned._config(*c) for c in flash_tuned.SHORTLIST_TMA[128] + flash_tuned.SHORTLIST[128]]
+    q = torch.empty(1, 1, 4096, 128, dtype=torch.float16)
+    single = [c for c in flash_tuned.SHORTLIST_TMA[128] if flash_tuned.single_loop_only(c)]
+    assert single, "no 4-warp ws config listed: this test checks nothing"
+    for causal, n_k, offered in ((False, 4096, True), (True, 4096, False), (False, 4000, False)):
+        args = {"Q": q, "N_Q": 4096, "N_K": n_k, "BLOCK_D": 128, "BLOCK_D2": 0, "HEAD_DIM": 128,
+                "TMA_OK": 1, "CAUSAL": causal}
+        kept = [flash_tuned._shape(c) for c in flash_tuned._prune(configs, args)]
+        assert all((c in kept) == offered for c in single), (causal, n_k, kept)
+        assert flash_tuned.SHORTLIST_TMA[128][0] in kept
+
+
 @pytest.mark.parametrize("D, config", DESCRIPTOR_CONFIGS.values(), ids=DESCRIPTOR_CONFIGS.keys())
 def test_descriptor_configs_take_strided_heads(monkeypatch, D, config):
     """Descriptors span [B, H, N, D] with the tensors' own strides: q, k, v as
@@ -444,9 +465,10 @@ def test_descriptor_configs_take_strided_heads(monkeypatch, D, config):
     ragged lengths, GQA. (Bounds a few rows too long fail here: in the interpreter they
     read past the buffer.)"""
     _choose(monkeypatch, config)
-    q, k, v = make_qkv(2, 4, 2, 150, 144, D, torch.float16, layout="bnhd", seed=D)
+    causal = not flash_tuned.single_loop_only(config)  # else whole key blocks, not causal
+    q, k, v = make_qkv(2, 4, 2, 150, 144 if causal else 128, D, torch.float16, layout="bnhd", seed=D)
     assert q.stride(1) == D and flash_tuned._tma_ok(q, k, v, False)
-    o, lse = flash_attention_forward(q, k, v, causal=True)
-    o_ref, lse_ref = reference64(q, k, v, True)
+    o, lse = flash_attention_forward(q, k, v, causal=causal)
+    o_ref, lse_ref = reference64(q, k, v, causal)
     assert_close(o, o_ref, name=f"o D={D} {config} bnhd", dim_names=("b", "h", "row", "col"), quiet=True)
     assert_close(lse, lse_ref, name="lse", atol=1e-3, rtol=1e-3, quiet=True)
