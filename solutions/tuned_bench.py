@@ -440,31 +440,28 @@ def run_check(case):
 
 
 def run_small(case, reps):
-    from solutions.flash_backward import flash_attention
     q, k, v = (t.to(case["dtype"]).requires_grad_(True) for t in _inputs(case))
     c = case["causal"]
     do = torch.randn_like(q)
     grads = [q, k, v]
     flops = _flops(q.shape[0], case["N"], case["D"], c, True)
-    forwards = {"ours": lambda: flash_attention(q, k, v, causal=c)[0]}
-    if TUT is not None and q.dtype == torch.float16:  # its training step is fp16 only
-        forwards["tut"] = lambda: TUT.train(q, k, v, c, q.shape[-1] ** -0.5, False)
-    fns = {name: (lambda f=f: f().backward(do)) for name, f in forwards.items()}
-    fns["FA2"] = lambda: _sdpa("FLASH_ATTENTION")(q, k, v, c).backward(do)
+    # ours, (fp16) the tutorial's step without warp specialization, and FA2
+    steps = {n: s for n, s in _train_impls(case, q, k, v).items() if n in ("ours", "tut", "FA2")}
+    fns = {name: (lambda s=s: s(do)) for name, s in steps.items()}
     # check once against SDPA's default backend
     o = F.scaled_dot_product_attention(q, k, v, is_causal=c)
     expected = [o.detach()] + list(torch.autograd.grad(o, (q, k, v), do))
     rows = []
     errs = {}
-    for name, forward in forwards.items():
+    for name in ("ours", "tut"):
+        if name not in steps:
+            continue
         for t in grads:
             t.grad = None
         # detached at once: an output kept alive keeps its autograd graph, and with it the
         # leaves' AccumulateGrad nodes bound to the default stream, which breaks the CUDA
         # graph capture below (cudaErrorStreamCaptureImplicit, PERF.md 3c)
-        o = forward()
-        o.backward(do)
-        o = o.detach()
+        o = steps[name](do).detach()
         errs[name] = max([_rel(o, expected[0])] + [_rel(t.grad, e) for t, e in zip(grads, expected[1:])])
     for t in grads:
         t.grad = None
