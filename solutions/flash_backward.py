@@ -435,7 +435,8 @@ def _autotuned(kernel, buckets, fp32, width_of, hook=None):
         return [by_shape[w] for w in wanted]
 
     return triton.autotune(configs, key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP"],
-                           prune_configs_by={"early_config_prune": prune})(kernel)
+                           prune_configs_by={"early_config_prune": prune},
+                           do_bench=flash_tuned.timed_once)(kernel)
 
 
 def _block_d(args):

@@ -440,6 +440,36 @@ DESCRIPTOR_CONFIGS = {f"D{D}-" + "x".join(map(str, c)): (D, c)
                                          (128, flash_tuned.SHORTLIST_TMA[128])) for c in configs}
 
 
+def test_autotuning_takes_the_best_median_of_rounds_in_turn(monkeypatch):
+    """launch_tuned's choice (`_choose`): warm-up rounds not counted, then every config
+    timed once per round, each round starting one config further along, the best median
+    wins. A config that reads fast only while the GPU is fresh (as the first ones timed
+    did on the H100, PERF.md 3j) loses."""
+    monkeypatch.setattr(flash_tuned, "WARMUP_ROUNDS", 1)
+    monkeypatch.setattr(flash_tuned, "AUTOTUNE_ROUNDS", 3)
+    # per config: the warm-up time (ignored: "a" would win on it), then three timed rounds
+    scripted = {"a": [0.1, 1.0, 2.0, 2.0], "b": [9.0, 1.5, 1.5, 1.6], "c": [3.0, 3.0, 3.0, 3.0]}
+    calls = []
+
+    class FakeAutotuner:
+        arg_names = ["X"]
+        nargs = None
+
+        def prune_configs(self, kwargs):
+            assert self.nargs == {"X": "x"} and kwargs == {"N": 7}
+            return list(scripted)
+
+        def _bench(self, *args, config, **meta):
+            assert args == ("x",) and meta == {"N": 7, "grid": "g", "warmup": False}
+            calls.append(config)
+            return [scripted[config][calls.count(config) - 1], 0.0, 0.0]
+
+    tuned = FakeAutotuner()
+    assert flash_tuned._choose(tuned, "g", ("x",), {"N": 7}) == "b"
+    assert "".join(calls) == "abc" "bca" "cab" "abc"
+    assert tuned.nargs is None and tuned.configs_timings == {"a": 2.0, "b": 1.5, "c": 3.0}
+
+
 def test_single_loop_configs_only_where_nothing_is_masked(monkeypatch):
     """The autotuner offers a 4-warp "ws" config (it compiles only as the program's one
     loop) where no key block is masked: not causal, and the keys fill whole blocks."""
