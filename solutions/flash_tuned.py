@@ -108,13 +108,12 @@ def launch_tuned(tuned, grid, key, *args, **kwargs):
     tuned.fn[grid](*args, **kwargs, **chosen.all_kwargs())
 
 
-AUTOTUNE_ROUNDS = 3  # timed rounds; the median of each config's times decides
-WARMUP_ROUNDS = 1    # rounds before them, not counted (see _choose)
+AUTOTUNE_ROUNDS = 3  # the median of each config's times decides
 
 
 def timed_once(fn, quantiles):
     """The autotuners' timing of one config in one round. Not shorter than this: timed
-    for 10 + 40 ms instead of 25 + 80, the (64, 64, 4, 3, "tma") config read ~6% faster
+    for 10 + 40 ms instead of 25 + 80, the (64, 64, 4, 3, "tma") config read ~7% faster
     than it runs for longer, and won where it loses (PERF.md 3k)."""
     return triton.testing.do_bench(fn, warmup=25, rep=80, quantiles=quantiles)
 
@@ -122,11 +121,11 @@ def timed_once(fn, quantiles):
 def _choose(tuned, grid, args, kwargs):
     """The config of `tuned` (a triton.autotune kernel made with do_bench=timed_once)
     with the best median time over AUTOTUNE_ROUNDS rounds, each round timing every
-    config once and starting one config further along the list, after WARMUP_ROUNDS
-    rounds not counted. Why: on the H100 the GPU runs faster for its first second or so
-    of load, so triton.autotune (each config once, in list order) favours the configs
-    it times first: at fp16 D = 128, N = 4096 the first config won 3 times of 3 while
-    slower than two others in every later round (PERF.md 3j, 3k). Uses Triton 3.6's
+    config once and starting one config further along the list. Why: on the H100 the
+    GPU runs faster for its first second or so of load, so triton.autotune (each config
+    once, in list order) favours the configs it times first: at fp16 D = 128, N = 4096
+    the first config won 3 times of 3 while slower than two others in every later round
+    (PERF.md 3j, 3k). The median drops a config's one fast reading. Uses Triton 3.6's
     Autotuner methods (`prune_configs`, `_bench`); the interpreter has one config."""
     tuned.nargs = dict(zip(tuned.arg_names, args))
     try:
@@ -135,12 +134,10 @@ def _choose(tuned, grid, args, kwargs):
             return configs[0]
         meta = dict(kwargs, grid=grid, warmup=False)
         times = {c: [] for c in configs}
-        for r in range(WARMUP_ROUNDS + AUTOTUNE_ROUNDS):
+        for r in range(AUTOTUNE_ROUNDS):
             start = r % len(configs)
             for c in configs[start:] + configs[:start]:
-                t = tuned._bench(*args, config=c, **meta)[0]
-                if r >= WARMUP_ROUNDS:
-                    times[c].append(t)
+                times[c].append(tuned._bench(*args, config=c, **meta)[0])
         tuned.configs_timings = {c: statistics.median(t) for c, t in times.items()}
         return min(configs, key=tuned.configs_timings.get)
     finally:
