@@ -30,7 +30,9 @@ with `forward(q, k, v, causal, sm_scale, warp_specialize)` returning its forward
 `train(...)` the same through its autograd Function, and its kernel `_attn_fwd`);
 without --tutorial its columns read n/a. Every output of ours (and the tutorial's) is
 checked against SDPA (fp16) or an fp32 reference (FP8) before it is timed. Times are
-do_bench medians (the median of 3 rounds that take turns between implementations).
+do_bench medians (the median of 3 rounds that take turns between implementations). The
+forward rows at N = 1024 (fwd, fp8, dims) are timed again replayed from CUDA graphs (mode
+"fwd-graph"): the GPU's work alone, where the host's launch time can bound eager figures.
 --jobs N compiles every kernel the run will need in N processes first (Triton's disk
 cache then serves the timed process): the sections need ~200 compiles.
 TFLOPS count 4 B H N^2 D for the forward (half when causal), 3.5x that for fwd+bwd.
@@ -56,6 +58,7 @@ TOTAL = 16384  # B * N
 DEV = "cuda"
 ROUNDS = 3
 REP_MS = 40
+GRAPH_N = 1024  # the length whose forward rows are timed from CUDA graphs too
 TUT = None  # the tutorial's module, when given
 
 
@@ -80,13 +83,39 @@ def _ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=REP_MS, return_mode="median")
 
 
-def _timed(fns):
-    """{name: median ms} over ROUNDS rounds that take turns between the functions."""
+def _timed(fns, timer=None):
+    """{name: median ms} over ROUNDS rounds that take turns between the functions
+    (each timed by `timer`, default `_ms`)."""
     times = {n: [] for n in fns}
     for _ in range(ROUNDS):
         for name, fn in fns.items():
-            times[name].append(_ms(fn))
+            times[name].append((timer or _ms)(fn))
     return {n: statistics.median(t) for n, t in times.items()}
+
+
+def _fill_times(rows, steps, flops, timer=None):
+    for name, ms in _timed(steps, timer).items():
+        rows[name].update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
+
+
+def _graph_rows(case, mode, rows, steps, flops):
+    """At N = GRAPH_N, the forward steps again, replayed from CUDA graphs (the GPU's work
+    alone), as rows of mode `mode`-graph: there an eager launch can take longer on the
+    host than the kernel on the GPU, and eager figures moved by up to a third run to run
+    (PERF.md 3k)."""
+    if case["N"] != GRAPH_N:
+        return []
+    graphed, ok = {}, {}
+    for name, fn in steps.items():
+        graphed[name] = _row(case, mode + "-graph", name, err=rows[name]["err"],
+                             err_kernel=rows[name]["err_kernel"], config=rows[name]["config"])
+        try:
+            _graph_ms(fn, [], rep=5)  # can it be captured?
+            ok[name] = fn
+        except Exception as e:
+            graphed[name]["status"] = "n/a (" + str(e).splitlines()[0][:50] + ")"
+    _fill_times(graphed, ok, flops, timer=lambda fn: _graph_ms(fn, []))
+    return list(graphed.values())
 
 
 def _sdpa(backend):
@@ -304,9 +333,8 @@ def _check_and_time(case, mode, impls, expected, flops, train_grads=None, do=Non
         except Exception as e:  # a backend that rejects the case
             rows[name] = _row(case, mode, name, status="n/a (" + str(e).splitlines()[0][:50] + ")")
         torch.cuda.empty_cache()
-    for name, ms in _timed(steps).items():
-        rows[name].update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
-    return list(rows.values())
+    _fill_times(rows, steps, flops)
+    return list(rows.values()) + (_graph_rows(case, mode, rows, steps, flops) if train_grads is None else [])
 
 
 def run_fwd(case):
@@ -363,9 +391,8 @@ def run_fp8(case):
         except Exception as e:
             rows[name] = _row(case, "fwd", name, status="n/a (" + str(e).splitlines()[0][:50] + ")")
     flops = _flops(q32.shape[0], case["N"], case["D"], c)
-    for name, ms in _timed(steps).items():
-        rows[name].update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
-    return list(rows.values())
+    _fill_times(rows, steps, flops)
+    return list(rows.values()) + _graph_rows(case, "fwd", rows, steps, flops)
 
 
 def run_dims(case):

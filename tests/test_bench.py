@@ -76,3 +76,34 @@ def test_tuned_bench_tables(tmp_path, capsys):
     at = out.splitlines().index(next(x for x in out.splitlines() if x.startswith("float16   64  1024 y |       200.0")))
     assert out.splitlines()[at + 1].split() == ["ours", ":", "1.50", "1.40", "|", "tut/X", "1.20", "0.90"]
     assert out.splitlines()[at + 2].split() == ["tut", ":", "1.30", "1.20"]
+
+
+def test_tuned_bench_times_the_short_forward_from_graphs_too(monkeypatch):
+    """At N = GRAPH_N the forward rows come twice: eager, and replayed from CUDA graphs
+    (mode fwd-graph, same errors and config); an implementation that cannot be captured
+    reads n/a there. Other lengths get no graph rows. (`_graph_ms` scripted: no GPU.)"""
+    from solutions import tuned_bench as tb
+    graph_ms = {"ours": 0.5, "tut": None}  # None: the capture fails
+
+    def fake_graph_ms(fn, grads, rep=tb.REP_MS):
+        ms = graph_ms[fn()]
+        if ms is None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return ms
+
+    monkeypatch.setattr(tb, "_graph_ms", fake_graph_ms)
+    monkeypatch.setattr(tb, "_ms", lambda fn: {"ours": 1.0, "tut": 2.0}[fn()])
+    steps = {"ours": lambda: "ours", "tut": lambda: "tut"}
+    for n, expect_graph in ((tb.GRAPH_N, True), (tb.GRAPH_N * 4, False)):
+        case = dict(section="fp8", dtype="float16", D=64, N=n, causal=True)
+        rows = {name: tb._row(case, "fwd", name, err="1e-2", config="cfg-" + name) for name in steps}
+        tb._fill_times(rows, steps, 1e9)
+        assert [rows[x]["ms"] for x in steps] == ["1.0000", "2.0000"]
+        graphed = tb._graph_rows(case, "fwd", rows, steps, 1e9)
+        if not expect_graph:
+            assert graphed == []
+            continue
+        ours, tut = graphed
+        assert (ours["mode"], ours["ms"], ours["tflops"], ours["err"], ours["config"], ours["status"]) == (
+            "fwd-graph", "0.5000", "2.0", "1e-2", "cfg-ours", "ok")
+        assert tut["ms"] == "" and tut["status"].startswith("n/a (operation not permitted")
