@@ -21,7 +21,8 @@ What it adds to the teaching kernel, and why:
   power-of-two column blocks (160 = 128 + 32) instead of one block padded to the next
   power of two (256): no multiply-adds on padding, smaller tiles (PERF.md, issue 14).
 - FP8 (`flash_attention_fp8`): float8_e4m3fn / float8_e5m2 q, k, v with per-tensor
-  descales, P quantized to e4m3 for the second product, fp16/bf16 output (Hopper/Ada).
+  descales, P quantized to e4m3 for the second product, fp16/bf16 output or FP8 in
+  V's scale (Hopper/Ada).
 `flash_attention_forward` is what the backward's autograd Function calls.
 """
 import functools
@@ -574,7 +575,8 @@ def flash_attention_fwd_kernel(
 
     inv_l = 1.0 / l_i
     if DESCALE_V is not None:
-        inv_l = inv_l * tl.load(DESCALE_V)
+        if not O.dtype.element_ty.is_fp8():  # an FP8 O keeps V's scale: o = o8 * descale_v
+            inv_l = inv_l * tl.load(DESCALE_V)
     o_rows = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on
     tl.store(o_rows + offs_d[None, :], (acc * inv_l[:, None]).to(O.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
@@ -657,7 +659,8 @@ def check_fp8_inputs(q, k, v, out_dtype):
 
     q, k, v: float8_e4m3fn or float8_e5m2 (one dtype for all three) on a CUDA GPU of
     compute capability >= 8.9; shapes as `check_attention_inputs` wants them, with
-    32 <= D <= 256 (FP8 products take at least 32 columns). out_dtype: fp16 or bf16.
+    32 <= D <= 256 (FP8 products take at least 32 columns). out_dtype: fp16, bf16 or
+    the inputs' FP8 dtype.
     Raises TypeError for dtypes, ValueError for shapes, RuntimeError for devices.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -668,8 +671,9 @@ def check_fp8_inputs(q, k, v, out_dtype):
                             "torch.float8_e4m3fn or torch.float8_e5m2 (quantize_fp8 makes them)")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one FP8 dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if out_dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
+    if out_dtype not in (torch.float16, torch.bfloat16, q.dtype):
+        raise TypeError(f"out_dtype must be torch.float16, torch.bfloat16 or the inputs' dtype "
+                        f"({q.dtype}), got {out_dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     B, H, Hkv, Nq, Nk, D = _fp8_shapes(q.shape, k.shape, v.shape)
@@ -742,7 +746,12 @@ def _descale_arg(value, device, name):
 def flash_attention_fp8(q, k, v, causal=False, sm_scale=None, *, descale_q=None,
                         descale_k=None, descale_v=None, out_dtype=torch.float16):
     """FP8 FlashAttention forward (no backward). Returns (o, lse) like
-    `flash_attention_forward`: o [B, H, Nq, D] in out_dtype (fp16 or bf16), lse fp32.
+    `flash_attention_forward`: o [B, H, Nq, D] in out_dtype, lse fp32. out_dtype: fp16
+    or bf16, or the inputs' FP8 dtype, for an output in V's scale (o ~= o8 * descale_v:
+    a row of O is a weighted mean of V's rows, so it fits V's range) that a next FP8
+    product can take as it is, in half the bytes. P's rounding can take a row a little
+    past V's largest element; Triton's conversion saturates (cvt.rn.satfinite), so it is
+    stored as the format's largest value.
 
     q, k, v: float8_e4m3fn or float8_e5m2, one dtype, shapes as in the fp16 kernels.
     descale_q / descale_k / descale_v: per-tensor scales (a number or a 1-element

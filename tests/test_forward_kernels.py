@@ -283,6 +283,8 @@ def test_fp8_input_checks():
         fp8(q8, k8.to(torch.float8_e5m2), v8)
     with pytest.raises(TypeError, match="out_dtype"):
         fp8(q8, k8, v8, out_dtype=torch.float32)
+    with pytest.raises(TypeError, match="out_dtype"):  # FP8 out only in the inputs' format
+        fp8(q8, k8, v8, out_dtype=torch.float8_e5m2)
     with pytest.raises(ValueError, match="4 dims"):
         fp8(q8[0], k8[0], v8[0])
     with pytest.raises(ValueError, match="multiple of k/v heads"):
@@ -299,26 +301,31 @@ def test_fp8_input_checks():
             fp8(q8, k8, v8, descale_q=torch.ones(2, device=DEVICE))
 
 
-def _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv):
+def _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv, sm_scale=None):
     """The kernel against float64 on the dequantized inputs: about as far off as the same
     reference with P rounded to e4m3 in PyTorch (the roundings differ tile by tile), and
-    the lse (no P rounding in it) close."""
-    exact, lse_ref = flash_tuned.fp8_attention_reference(q8, k8, v8, causal, None, dq, dk, dv,
+    the lse (no P rounding in it) close. An FP8 O is in V's scale (o = o8 * dv): the
+    reference is then rounded to O's format too."""
+    exact, lse_ref = flash_tuned.fp8_attention_reference(q8, k8, v8, causal, sm_scale, dq, dk, dv,
                                                          quantize_p=False)
-    emulated, _ = flash_tuned.fp8_attention_reference(q8, k8, v8, causal, None, dq, dk, dv)
+    emulated, _ = flash_tuned.fp8_attention_reference(q8, k8, v8, causal, sm_scale, dq, dk, dv)
+    if o.dtype in flash_tuned.FP8_DTYPES:
+        scale, fmax = dv.double().reshape(()), flash_tuned.fp8_max(o.dtype)
+        emulated = (emulated / scale).clamp(-fmax, fmax).to(o.dtype).double() * scale
+        o = o.double() * scale
     err = float((o.double() - exact).norm() / exact.norm())
     emul = float((emulated - exact).norm() / exact.norm())
     assert err <= 1.5 * emul + 1e-3, (err, emul)
     assert_close(lse, lse_ref, name="lse", atol=2e-3, rtol=1e-3, quiet=True)
 
 
-@pytest.mark.skipif(GPU, reason="the GPU runs test_fp8_forward")
-def test_fp8_kernel_in_the_interpreter(monkeypatch):
-    """The FP8 kernel's logic (V stored transposed, P scaled and rounded to e4m3,
-    descales, column blocks, GQA, causal, ragged lengths) on the CPU, through the
-    launcher the public function uses (which refuses the CPU: no FP8 tensor cores).
-    Triton's interpreter rounds fp32 -> fp8 without the carry into the exponent (31.4
-    becomes 16, not 32); the test swaps in PyTorch's conversion for that one step."""
+@pytest.fixture
+def fp8_rounding(monkeypatch):
+    """On the CPU: Triton's interpreter rounds fp32 -> fp8 without the carry into the
+    exponent (31.4 becomes 16, not 32); this swaps in PyTorch's conversion for that one
+    step. On a GPU: nothing."""
+    if GPU:
+        return
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter
@@ -334,14 +341,67 @@ def test_fp8_kernel_in_the_interpreter(monkeypatch):
             return out.view(torch.uint8).numpy().reshape(data.shape)
         return convert(data, src, dst, rounding)
     monkeypatch.setattr(interpreter, "_convert_float", rounded)
+
+
+def _fp8_forward(q8, k8, v8, causal, descales, out_dtype, sm_scale=None):
+    """flash_attention_fp8 on a GPU; on the CPU its launcher in the interpreter (the
+    public function refuses the CPU: no FP8 tensor cores)."""
+    if GPU:
+        dq, dk, dv = descales
+        return flash_tuned.flash_attention_fp8(q8, k8, v8, causal=causal, sm_scale=sm_scale, descale_q=dq,
+                                               descale_k=dk, descale_v=dv, out_dtype=out_dtype)
+    B, H, Nq, D = q8.shape
+    o = torch.empty(B, H, Nq, D, dtype=out_dtype)
+    lse = torch.empty(B, H, Nq)
+    scale = D ** -0.5 if sm_scale is None else sm_scale
+    flash_tuned._launch_forward(q8, k8, flash_tuned.transpose_v_fp8(v8), o, lse, causal, scale,
+                                descales, True, True, (Nq, k8.shape[2], D, causal, q8.dtype, out_dtype))
+    return o, lse
+
+
+@pytest.mark.skipif(GPU, reason="the GPU runs test_fp8_forward")
+def test_fp8_kernel_in_the_interpreter(fp8_rounding):
+    """The FP8 kernel's logic (V stored transposed, P scaled and rounded to e4m3,
+    descales, column blocks, GQA, causal, ragged lengths, fp16 or FP8 output) on the
+    CPU, through the launcher the public function uses."""
     for (B, H, Hkv, Nq, Nk, D, causal, dtype) in ((1, 2, 1, 70, 45, 64, True, torch.float8_e4m3fn),
                                                   (1, 2, 2, 33, 70, 96, False, torch.float8_e5m2)):
         (q8, dq), (k8, dk), (v8, dv) = make_fp8(B, H, Hkv, Nq, Nk, D, dtype, seed=D)
-        o = torch.empty(B, H, Nq, D, dtype=torch.float16)
-        lse = torch.empty(B, H, Nq)
-        flash_tuned._launch_forward(q8, k8, flash_tuned.transpose_v_fp8(v8), o, lse, causal, D ** -0.5,
-                                    (dq, dk, dv), True, True, (Nq, Nk, D, causal, dtype, o.dtype))
-        _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv)
+        for out_dtype in (torch.float16, dtype):
+            o, lse = _fp8_forward(q8, k8, v8, causal, (dq, dk, dv), out_dtype)
+            assert o.dtype == out_dtype
+            _fp8_check(o, lse, q8, k8, v8, causal, dq, dk, dv)
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=["e4m3", "e5m2"])
+def test_fp8_output_saturates_at_its_format_max(dtype, fp8_rounding):
+    """An FP8 O saturates at its format's largest value. Every query scores key 0 at 1
+    and the 63 others at 0.375, so each of those has e^-0.625 = 0.535 of key 0's weight,
+    which P's e4m3 rounding takes up to 0.5625: the row sums past l by ~5%. Column 0 of
+    V holds the format's largest value in every row, so the exact O there is that
+    value, and O with P rounded ~5% past it (e4m3fn has no infinity: NaN unless the
+    conversion saturates, as Triton's cvt.rn.satfinite does on the GPU and PyTorch's,
+    in the interpreter, does). Other columns: as _fp8_check wants them."""
+    if GPU and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs sm_89+")
+    fmax = flash_tuned.fp8_max(dtype)
+    B, H, N, D = 1, 2, 64, 32
+    q = torch.zeros(B, H, N, D, device=DEVICE)
+    q[..., 0] = 1.0
+    k = torch.zeros(B, H, N, D, device=DEVICE)
+    k[..., 0] = 0.375
+    k[:, :, 0, 0] = 1.0
+    v = torch.randn(B, H, N, D, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
+    v[..., 0] = fmax
+    q8, k8, v8 = (t.to(dtype) for t in (q, k, v))
+    ones = [torch.ones(1, device=DEVICE) for _ in range(3)]
+    emulated, _ = flash_tuned.fp8_attention_reference(q8, k8, v8, False, 1.0, *ones)
+    assert float(emulated[..., 0].min()) > 1.04 * fmax  # the case this test is for
+    o, lse = _fp8_forward(q8, k8, v8, False, ones, dtype, sm_scale=1.0)
+    assert o.dtype == dtype
+    assert torch.equal(o[..., 0].float(), torch.full_like(o[..., 0], fmax, dtype=torch.float32))
+    assert torch.isfinite(o.float()).all()
+    _fp8_check(o, lse, q8, k8, v8, False, *ones, sm_scale=1.0)
 
 
 FP8_CASES = [(2, 4, 2, 300, 517, 128, True), (2, 4, 4, 1000, 1000, 64, False),
@@ -355,7 +415,7 @@ FP8_CASES = [(2, 4, 2, 300, 517, 128, True), (2, 4, 4, 1000, 1000, 64, False),
 def test_fp8_forward(dtype, case):
     *shape, causal = case
     (q8, dq), (k8, dk), (v8, dv) = make_fp8(*shape, dtype, seed=sum(shape))
-    for out_dtype in (torch.float16, torch.bfloat16):
+    for out_dtype in (torch.float16, torch.bfloat16, dtype):
         o, lse = flash_tuned.flash_attention_fp8(q8, k8, v8, causal=causal, descale_q=dq,
                                                  descale_k=dk, descale_v=dv, out_dtype=out_dtype)
         assert o.dtype == out_dtype and o.shape == q8.shape and lse.shape == q8.shape[:3]
