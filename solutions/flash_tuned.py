@@ -196,6 +196,11 @@ def single_loop_only(shape):
     return shape[4:] == ("ws",) and shape[2] == 4
 
 
+def offered(shape, causal, n_k):
+    """Whether the autotuner may try the config `shape` with these keys (`single_loop_only`)."""
+    return not (single_loop_only(shape) and (causal or n_k % shape[1]))
+
+
 def _even_k(args):
     """The keys fill whole blocks of the config's BLOCK_K (a heuristic: computed per launch)."""
     return args["N_K"] % args["BLOCK_K"] == 0
@@ -222,8 +227,7 @@ def _prune(configs, named_args, **kwargs):
         wanted = (SHORTLIST_FP8 if fp8 else SHORTLIST)[width]
         if args.get("TMA_OK") and len(parts) == 1 and parts[0] == args.get("HEAD_DIM"):
             wanted = wanted + (SHORTLIST_TMA_FP8 if fp8 else SHORTLIST_TMA).get(width, [])
-    wanted = [w for w in wanted
-              if not (single_loop_only(w) and (args["CAUSAL"] or args["N_K"] % w[1]))]
+    wanted = [w for w in wanted if offered(w, args["CAUSAL"], args["N_K"])]
     limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
     by_shape = {_shape(c): c for c in configs}
     if len(parts) == 1:

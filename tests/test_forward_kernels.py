@@ -453,7 +453,7 @@ def _forward_cases():
     return {f"{name}-{'causal' if causal else 'full'}-k{n_k}": (D, kind, config, causal, n_k)
             for name, (D, kind, config) in _forward_shortlist().items()
             for causal in (False, True) for n_k in (144, 128)
-            if not (flash_tuned.single_loop_only(config) and (causal or n_k % config[1]))}
+            if flash_tuned.offered(config, causal, n_k)}
 
 
 FORWARD_SHORTLIST = _forward_cases()
