@@ -162,7 +162,7 @@ def test_tuned_kernel_prunes_with_this_model(monkeypatch):
     for limit, block_d in ((232448, 128), (101376, 128), (101376, 256), (50000, 64)):
         props = types.SimpleNamespace(shared_memory_per_block_optin=limit)
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, props=props: props)
-        kept = flash_tuned._prune(configs, {"Q": q, "N_Q": 4096, "BLOCK_D": block_d})
+        kept = flash_tuned._prune(configs, {"Q": q, "N_Q": 4096, "N_K": 4096, "CAUSAL": False, "BLOCK_D": block_d})
         wanted = flash_tuned.SHORTLIST[block_d]
         fit = key.prune_configs(wanted, block_d, torch.float16, limit)
         got = [(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in kept]
