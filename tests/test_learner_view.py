@@ -1,6 +1,7 @@
 """What a learner sees in their own Jupyter kernel (nbclient runs the notebooks in a real
-one): a wrong launch grid gives a message and the kernel lives; a failed check shows its
-message first, in a few lines, not a traceback through course/; an unfilled notebook,
+one): a solved notebook runs clean, with no warning; a wrong launch grid gives a message and
+the kernel lives; a failed check shows its message first, in a few lines, not a traceback
+through course/; an unfilled notebook,
 run top to bottom, says "Not written yet" wherever an exercise is missing and draws
 nothing half."""
 import importlib
@@ -42,6 +43,24 @@ def _errors(cell):
 
 def _cell(nb, grade_id):
     return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def _points(nb):
+    return sum(c.metadata["nbgrader"]["points"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade"))
+
+
+@pytest.mark.parametrize("lesson", paths.lesson_names())
+def test_a_solved_notebook_runs_clean_with_no_warning(lesson):
+    """Every check passes and nothing is printed on stderr: a correct solution never shows
+    a learner a warning (module 08's answer key used to show NumPy's overflow warning from
+    the interpreter; `import course` hides those, course/__init__.py says why)."""
+    nb = _run(subs.solution_notebook(lesson), lesson)
+    for cell in nb.cells:
+        assert not _errors(cell), (cell.metadata.get("nbgrader", {}).get("grade_id"), _errors(cell))
+        stderr = [o.text for o in cell.get("outputs", []) if o.output_type == "stream" and o.name == "stderr"]
+        assert not stderr, (cell.metadata.get("nbgrader", {}).get("grade_id"), stderr)
+    table = "".join(o.get("text", "") for o in _cell(nb, "progress").outputs)
+    assert f"{_points(nb)} of {_points(nb)} points pass" in table, table
 
 
 @pytest.mark.parametrize("lesson", sorted(WRONG_GRIDS))
@@ -87,9 +106,7 @@ def test_an_unfilled_notebook_says_fill_in_first_and_draws_nothing_half(lesson):
     assert failed > 0
     # The last cell lists every exercise with its points, none of them passing yet.
     table = "".join(o.get("text", "") for o in _cell(nb, "progress").outputs)
-    points = sum(c.metadata["nbgrader"]["points"] for c in nb.cells
-                 if c.metadata.get("nbgrader", {}).get("grade"))
-    assert f"0 of {points} points pass" in table and table.count("not written yet") >= 1, table
+    assert f"0 of {_points(nb)} points pass" in table and table.count("not written yet") >= 1, table
 
 
 # Catalog bugs whose numbers are right but whose code breaks a rule of the test cell
