@@ -2,8 +2,8 @@
 one): a solved notebook runs clean, with no warning; a wrong launch grid gives a message and
 the kernel lives; a failed check shows its message first, in a few lines, not a traceback
 through course/; an unfilled notebook,
-run top to bottom, says "Not written yet" wherever an exercise is missing and draws
-nothing half."""
+run top to bottom, says "Not written yet" wherever an exercise is missing, draws
+nothing half and prints nothing on stderr."""
 import importlib
 import os
 
@@ -41,6 +41,10 @@ def _errors(cell):
     return [o for o in cell.get("outputs", []) if o.output_type == "error"]
 
 
+def _stderr(cell):
+    return [o.text for o in cell.get("outputs", []) if o.output_type == "stream" and o.name == "stderr"]
+
+
 def _cell(nb, grade_id):
     return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
@@ -57,8 +61,7 @@ def test_a_solved_notebook_runs_clean_with_no_warning(lesson):
     nb = _run(subs.solution_notebook(lesson), lesson)
     for cell in nb.cells:
         assert not _errors(cell), (cell.metadata.get("nbgrader", {}).get("grade_id"), _errors(cell))
-        stderr = [o.text for o in cell.get("outputs", []) if o.output_type == "stream" and o.name == "stderr"]
-        assert not stderr, (cell.metadata.get("nbgrader", {}).get("grade_id"), stderr)
+        assert not _stderr(cell), (cell.metadata.get("nbgrader", {}).get("grade_id"), _stderr(cell))
     table = "".join(o.get("text", "") for o in _cell(nb, "progress").outputs)
     assert f"{_points(nb)} of {_points(nb)} points pass" in table, table
 
@@ -95,6 +98,7 @@ def test_an_unfilled_notebook_says_fill_in_first_and_draws_nothing_half(lesson):
     nb = _run(nbformat.read(paths.MODULES / lesson / f"{lesson}.ipynb", as_version=4), lesson)
     failed = 0
     for cell in nb.cells:
+        assert not _stderr(cell), (cell.metadata.get("nbgrader", {}).get("grade_id"), _stderr(cell))
         errors = _errors(cell)
         if not errors:
             continue
