@@ -1,12 +1,22 @@
 """Shared test set-up. `import course` first: it selects Triton's interpreter on a CPU
 before anything imports triton."""
 import os
+import warnings
 
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")  # lesson plot cells run in-process: no windows
 
-import course  # noqa: F401
+import course  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _warning_filters_as_in_a_learners_kernel():
+    """pytest imports this file, and runs each test, under warning filters of its own, so
+    the filter `import course` installs is gone by the time tests run: it is installed
+    again for each test, as a learner's kernel has it."""
+    if course.INTERPRET:
+        warnings.filterwarnings("ignore", **course.INTERPRETER_FP_WARNINGS)
 
 
 @pytest.hookimpl(tryfirst=True)
