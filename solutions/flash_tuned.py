@@ -71,6 +71,14 @@ SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma")],
                            (128, 128, 4, 2, "ws")]}
 # False: never the descriptor configs (for comparisons; FLASH_TUNED_WS=0 sets it).
 TRY_WS = os.environ.get("FLASH_TUNED_WS", "1") != "0"
+# The Gluon kernel (solutions/flash_gluon.py) where `gluon_takes` allows; False: never
+# (for comparisons; FLASH_TUNED_GLUON=0 sets it). At D = 64 it read 0.92-0.98x this
+# file's kernel on the H100, so it takes D = 128 only (PERF.md 3n).
+TRY_GLUON = os.environ.get("FLASH_TUNED_GLUON", "1") != "0"
+GLUON_HEAD_DIMS = (128,)
+# Gluon's API changes between Triton releases (3.9 renamed the TMA copies): the kernel
+# is written and measured against 3.6.
+GLUON_TRITON = "3.6."
 SHORT_Q = (64, 64, 4, 3)  # at most 64 query rows: a 128-row block would be half empty
 FP32 = (64, 32, 4, 2)     # exact fp32 dots run on FMA units: the smallest tile compiles fastest
 
@@ -88,6 +96,7 @@ _CHOSEN = {}
 SPLIT_D = True        # False: one column block padded to a power of two, forward and backward
                       # (for comparisons)
 LAST_CONFIG = [None]  # the config of the latest launch (for the benchmark's tables)
+GLUON = "gluon"      # ... when flash_gluon's kernel ran it
 
 
 def launch_tuned(tuned, grid, key, *args, **kwargs):
@@ -625,6 +634,18 @@ def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
     )
 
 
+def gluon_takes(q, k, v):
+    """Whether the Gluon kernel runs this forward: a Hopper GPU (compute capability
+    9.x) with Triton 3.6, fp16/bf16, a head dim in GLUON_HEAD_DIMS, as many keys as
+    queries (its causal mask is the square one), and q, k, v contiguous [B, H, N, D]
+    (its descriptors see [B * H, N, D]) on 16-byte boundaries. Everything else runs this
+    file's kernel, which takes any strides."""
+    return (TRY_GLUON and not INTERPRET and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[3] in GLUON_HEAD_DIMS and q.shape[2] == k.shape[2]
+            and triton.__version__.startswith(GLUON_TRITON) and _capability(q.device)[0] == 9
+            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)))
+
+
 def kernel_input(t, contiguous=False):
     """t as the tuned kernels take a tensor, copied where it is not already: the head dim
     contiguous (rows load as wide vectors; with `contiguous`, the whole tensor, for those
@@ -650,6 +671,11 @@ def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
     q, k, v = (kernel_input(t) for t in (q, k, v))
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
+    if gluon_takes(q, k, v):
+        from solutions import flash_gluon  # imported here: the interpreter has no Gluon
+        LAST_CONFIG[0] = GLUON
+        flash_gluon.forward(q, k, v, o, lse, causal, scale)
+        return o, lse
     key = (Nq, Nk, D, bool(causal), q.dtype)  # the autotuner's key, and the dtype
     _launch_forward(q, k, v, o, lse, causal, scale, (None, None, None), False, False, key)
     return o, lse

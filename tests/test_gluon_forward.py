@@ -1,0 +1,142 @@
+"""The tuned forward's Gluon kernel (solutions/flash_gluon.py): where it runs, and what it
+computes. Triton's interpreter has no Gluon, so its results are checked on a Hopper GPU
+with Triton 3.6 only; which inputs it takes is checked everywhere.
+"""
+import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is imported)
+import pytest
+import torch
+import triton
+
+from course.testing import assert_close, assert_not_trivial
+from course.checks.flash_forward import attention_values
+from solutions import flash_backward, flash_tuned
+from tests.test_backward_kernels import check_grads, reference
+from tests.test_forward_kernels import make_qkv, reference64
+
+HOPPER = (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+          and triton.__version__.startswith(flash_tuned.GLUON_TRITON))
+on_hopper = pytest.mark.skipif(not HOPPER, reason="Gluon runs on a Hopper GPU with Triton 3.6 "
+                                                  "(no interpreter)")
+
+
+class OnHopper:
+    """A CPU tensor that answers as a CUDA one would: gluon_takes only reads its dtype,
+    shape, layout and address."""
+
+    def __init__(self, t, offset=0):
+        self.t, self.offset = t, offset
+        self.is_cuda, self.dtype, self.shape, self.device = True, t.dtype, t.shape, "cuda:0"
+
+    def is_contiguous(self):
+        return self.t.is_contiguous()
+
+    def data_ptr(self):
+        return self.t.data_ptr() + self.offset
+
+
+def test_gluon_takes_only_what_its_kernel_reads(monkeypatch):
+    monkeypatch.setattr(flash_tuned, "INTERPRET", False)
+    monkeypatch.setattr(flash_tuned, "TRY_GLUON", True)
+    monkeypatch.setattr(flash_tuned, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+
+    def takes(B=2, H=4, Hkv=2, Nq=300, Nk=300, D=128, dtype=torch.float16, layout="bhnd", offset=0):
+        q, k, v = (OnHopper(t.to(dtype), offset)
+                   for t in make_qkv(B, H, Hkv, Nq, Nk, D, torch.float32, layout))
+        return flash_tuned.gluon_takes(q, k, v)
+
+    assert takes() and takes(dtype=torch.bfloat16) and takes(Hkv=4) and takes(Nq=1, Nk=1)
+    assert not takes(dtype=torch.float32)             # no fp32 products in it
+    assert not takes(D=64) and not takes(D=96)        # 64: slower than the Triton kernel
+    assert not takes(Nk=257)                          # its causal mask is the square one
+    assert not takes(layout="bnhd") and not takes(layout="dmajor")  # descriptors over [B*H, N, D]
+    assert not takes(offset=2)                        # TMA wants 16-byte-aligned addresses
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    assert not takes()                                # Gluon's API moves between releases
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(flash_tuned, "_capability", lambda device: (8, 0))
+    assert not takes()                                # no TMA or wgmma before Hopper
+    monkeypatch.setattr(flash_tuned, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(flash_tuned, "TRY_GLUON", False)
+    assert not takes()                                # FLASH_TUNED_GLUON=0
+
+
+def gluon_forward(q, k, v, causal, scale=None):
+    """flash_gluon.forward, with its output and lse made as the tuned forward makes them."""
+    from solutions import flash_gluon
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    flash_gluon.forward(q, k, v, o, lse, causal, q.shape[-1] ** -0.5 if scale is None else scale)
+    return o, lse
+
+
+def check(o, lse, q, k, v, causal, scale=None, label=""):
+    o_ref, lse_ref = reference64(q, k, v, causal, scale)
+    assert_not_trivial(o)
+    assert_close(o, o_ref, name=f"o {label}", dim_names=("b", "h", "row", "col"), quiet=True)
+    assert_close(lse, lse_ref, name=f"lse {label}", atol=1e-3, rtol=1e-3, quiet=True)
+
+
+# Lengths at the ring's edges: one key block, 2, 3 and 5 (odd and even rounds of the two
+# slots), ragged ones (the last block masked: keys past N), shorter than a block, and 1.
+LENGTHS = (1, 77, 128, 129, 200, 256, 383, 640, 1000)
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_forward_matches_float64(causal, D, dtype):
+    for N in LENGTHS:  # 4 query heads on 2 K/V heads: head bh reads K/V head bh // 2
+        q, k, v = make_qkv(2, 4, 2, N, N, D, dtype, seed=N * 7 + D + causal)
+        o, lse = gluon_forward(q, k, v, causal)
+        check(o, lse, q, k, v, causal, label=f"N={N} D={D} causal={causal} {dtype}")
+
+
+@on_hopper
+@pytest.mark.parametrize("kind", ["extreme", "big_v", "big_v_negative"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gluon_forward_extreme_values_and_a_given_scale(dtype, kind):
+    """Module 05's extreme inputs: rows of scores shifted by +-65,536 (a max to subtract
+    before any exp), and V about +-2000 (an accumulator far past fp16's range before the
+    division); causal or not, with the default scale and a caller's."""
+    q, k, v = (t.to("cuda", dtype) for t in attention_values(2, 2, 300, 300, 128, dtype, seed=5, kind=kind))
+    for causal in (False, True):
+        for scale in (None, 0.05):
+            o, lse = gluon_forward(q, k, v, causal, scale)
+            check(o, lse, q, k, v, causal, scale, label=f"{kind} causal={causal} scale={scale}")
+
+
+@on_hopper
+def test_tuned_forward_runs_gluon_only_where_it_takes_the_inputs():
+    for layout, gluon in (("bhnd", True), ("bnhd", False)):
+        q, k, v = make_qkv(2, 4, 2, 1000, 1000, 128, torch.bfloat16, layout, seed=3)
+        flash_tuned.LAST_CONFIG[0] = None
+        o, lse = flash_tuned.flash_attention_forward(q, k, v, causal=True)
+        assert (flash_tuned.LAST_CONFIG[0] is flash_tuned.GLUON) == gluon, layout
+        check(o, lse, q, k, v, True, label=layout)
+
+
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_training_through_the_gluon_forward(dtype, causal):
+    """The backward reads the forward's lse: gradients through flash_attention (the
+    autograd Function) with the Gluon forward match float64 autograd."""
+    q, k, v = make_qkv(2, 4, 2, 333, 333, 128, dtype, seed=11)
+    do = torch.randn_like(q)
+    assert flash_tuned.gluon_takes(q, k, v)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o, _ = flash_backward.flash_attention(q, k, v, causal=causal)
+    o.backward(do)
+    _, *refs = reference(q, k, v, do, causal)
+    check_grads((q.grad, k.grad, v.grad), refs, dtype, f"gluon forward {dtype} causal={causal}")
+
+
+def test_gluon_file_imports_without_a_gpu():
+    """The tuned forward imports it only on the Hopper path, but it must stay importable
+    (docs, the benchmark's workers) with any Triton here."""
+    from solutions import flash_gluon
+    from triton.experimental.gluon._runtime import GluonJITFunction
+    assert isinstance(flash_gluon.attn_fwd_kernel, GluonJITFunction)
+    assert flash_gluon.BLOCK_N == 2 * flash_gluon.BLOCK_M  # causal: one diagonal block per program
