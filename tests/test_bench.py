@@ -108,3 +108,15 @@ def test_tuned_bench_times_the_short_forward_from_graphs_too(monkeypatch):
         assert (ours["mode"], ours["ms"], ours["tflops"], ours["err"], ours["config"], ours["status"]) == (
             "fwd-graph", "0.5000", "2.0", "1e-2", "cfg-ours", "ok")
         assert tut["ms"] == "" and tut["status"].startswith("n/a (operation not permitted")
+
+
+def test_tuned_bench_names_the_config_that_ran(monkeypatch):
+    """The config column: the Triton kernel's tiles, "gluon" where flash_gluon's kernel
+    ran (a launch with no autotuned config), nothing before any launch."""
+    from solutions import flash_tuned
+    from solutions import tuned_bench as tb
+    for last, text in ((flash_tuned._config(128, 64, 8, 3), "128x64x8x3"),
+                       (flash_tuned._config(128, 128, 4, 2, "ws"), "128x128x4x2xws"),
+                       (flash_tuned.GLUON, "gluon"), (None, "")):
+        monkeypatch.setattr(flash_tuned, "LAST_CONFIG", [last])
+        assert tb._chosen_config() == text
