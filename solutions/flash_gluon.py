@@ -2,9 +2,9 @@
 
 `flash_tuned.flash_attention_forward` runs it where `flash_tuned.gluon_takes` says (an
 H100/H200, Triton 3.6, fp16/bf16, head dim 128, Nq == Nk, contiguous [B, H, N, D]), and
-its Triton kernel everywhere else. At D = 128 it read 1.07-1.14x cuDNN and 1.21-1.26x
-the Triton kernel on the H100 (PERF.md 3n): Triton's compiler did not overlap the
-softmax with the matrix products; here the schedule is written out.
+its Triton kernel everywhere else. At D = 128 on the H100 it read 1.04-1.25x the Triton
+kernel, and 0.97-1.11x cuDNN at N >= 4096 (PERF.md 3n): Triton's compiler did not overlap
+the softmax with the matrix products; here the schedule is written out.
 
 The schedule (FlashAttention-3's, on Hopper's asynchronous units):
 - A program owns 128 query rows of one head: two consumer warpgroups of 64 rows each,

@@ -23,6 +23,10 @@ What it adds to the teaching kernel, and why:
 - FP8 (`flash_attention_fp8`): float8_e4m3fn / float8_e5m2 q, k, v with per-tensor
   descales, P quantized to e4m3 for the second product, fp16/bf16 output or FP8 in
   V's scale (Hopper/Ada).
+- On Hopper with Triton 3.6, fp16/bf16 at D = 128 with contiguous inputs and N_Q = N_K
+  (`gluon_takes`), the forward runs `solutions/flash_gluon.py` instead: the same
+  algorithm in Gluon, with the softmax overlapped with the matrix products, which this
+  file's kernel cannot get from Triton's compiler (1.04-1.25x it, PERF.md 3n).
 `flash_attention_forward` is what the backward's autograd Function calls.
 """
 import functools
