@@ -663,17 +663,28 @@ plt.show()
 #    kernels now time every configuration in three rounds, each round starting one
 #    configuration further along the list, for 25 + 80 ms each, and keep the best median,
 #    so one lucky reading cannot win. Tuning takes ~3 s per key instead of ~1 s.
+# 8. **Past Triton's scheduler.** What was left of cuDNN's lead was overlap: compute the
+#    exponentials of key block `j` while the tensor cores run block `j - 1`'s `P V`
+#    (FlashAttention-3's schedule). Triton's compiler waits for each product right after
+#    issuing it, so at `D = 128` on Hopper the tuned forward runs a second kernel, written
+#    in Gluon, Triton's lower-level language, where shared memory, barriers, TMA copies
+#    and which warps do what are written by hand. One warp streams `K` and `V` blocks into
+#    two shared-memory buffers; two warpgroups of 64 query rows each issue block `j`'s
+#    scores and block `j - 1`'s `P V` together, wait for the scores only, and run the
+#    softmax under `P V`. Same blocks as step 2 (a 128 x 128 diagonal, longest programs
+#    first), 1.04-1.25x the Triton kernel and 0.97-1.11x cuDNN at `N` >= 4096 (H100). Other
+#    head dims, strided inputs and other GPUs keep the Triton kernel.
 #
 # Tried without gain: Triton 3.6's warp specialization with plain pointer loads (402 against
 # 396 TFLOPS; with tensor descriptors it gained 4% at `N = 4096` and lost 4% at `N = 1024`,
 # so those configurations only compete in the autotuner), 256-row query blocks (register
-# pressure), two stages (10-20% slower). What is left, cuDNN's lead, is overlapping the
-# exponentials of one tile with the products of another.
+# pressure), two stages (10-20% slower).
 #
 # The figures (fp16, `N = 16384`, TFLOPS): module 05's kernel with its default blocks
 # (128 x 64), the same kernel at the best configuration of this module's sweep, the tuned
-# kernel, and PyTorch's backends, from the course's benchmark (`python -m grader bench`;
-# the sweep is a separate run, so equal kernels differ by a few percent between the two).
+# kernel (before step 8), and PyTorch's backends, from the course's benchmark
+# (`python -m grader bench`; the sweep is a separate run, so equal kernels differ by a few
+# percent between the two).
 
 # %% nbgrader={"grade": false, "grade_id": "given_bench", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # given: flash_forward.H100_SEQ_LENS
