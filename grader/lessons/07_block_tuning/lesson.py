@@ -671,9 +671,10 @@ plt.show()
 #    and which warps do what are written by hand. One warp streams `K` and `V` blocks into
 #    two shared-memory buffers; two warpgroups of 64 query rows each issue block `j`'s
 #    scores and block `j - 1`'s `P V` together, wait for the scores only, and run the
-#    softmax under `P V`. Same blocks as step 2 (a 128 x 128 diagonal, longest programs
-#    first), 1.04-1.25x the Triton kernel and 0.97-1.11x cuDNN at `N` >= 4096 (H100). Other
-#    head dims, strided inputs and other GPUs keep the Triton kernel.
+#    softmax under `P V`. Steps 2 and 3 still hold (only the 128 x 128 diagonal block is
+#    masked; the longest programs run first). It runs at 1.04-1.25x the Triton kernel, and
+#    0.97-1.11x cuDNN at `N` >= 4096 (H100). Other head dims, strided inputs and other GPUs
+#    keep the Triton kernel.
 #
 # Tried without gain: Triton 3.6's warp specialization with plain pointer loads (402 against
 # 396 TFLOPS; with tensor descriptors it gained 4% at `N = 4096` and lost 4% at `N = 1024`,
