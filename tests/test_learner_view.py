@@ -1,9 +1,8 @@
 """What a learner sees in their own Jupyter kernel (nbclient runs the notebooks in a real
-one): a solved notebook runs clean, with no warning; a wrong launch grid gives a message and
-the kernel lives; a failed check shows its message first, in a few lines, not a traceback
-through course/; an unfilled notebook,
-run top to bottom, says "Not written yet" wherever an exercise is missing, draws
-nothing half and prints nothing on stderr."""
+one): a solved notebook runs clean, with no warning; a wrong launch grid gives a message
+and the kernel lives; a failed check shows its message first, in a few lines, not a
+traceback through course/; an unfilled notebook, run top to bottom, says "Not written
+yet" wherever an exercise is missing, draws nothing half and prints nothing on stderr."""
 import importlib
 import os
 
