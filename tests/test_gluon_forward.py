@@ -61,12 +61,12 @@ def test_gluon_takes_only_what_its_kernel_reads(monkeypatch):
     assert not takes()                                # FLASH_TUNED_GLUON=0
 
 
-def gluon_forward(q, k, v, causal, scale=None):
+def gluon_forward(q, k, v, causal, scale=None, programs=None):
     """flash_gluon.forward, with its output and lse made as the tuned forward makes them."""
     from solutions import flash_gluon
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-    flash_gluon.forward(q, k, v, o, lse, causal, q.shape[-1] ** -0.5 if scale is None else scale)
+    flash_gluon.forward(q, k, v, o, lse, causal, q.shape[-1] ** -0.5 if scale is None else scale, programs)
     return o, lse
 
 
@@ -91,6 +91,24 @@ def test_gluon_forward_matches_float64(causal, D, dtype):
         q, k, v = make_qkv(2, 4, 2, N, N, D, dtype, seed=N * 7 + D + causal)
         o, lse = gluon_forward(q, k, v, causal)
         check(o, lse, q, k, v, causal, label=f"N={N} D={D} causal={causal} {dtype}")
+
+
+@on_hopper
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_forward_with_many_tiles_per_program(causal, D):
+    """The kernel is persistent: each program walks tiles, its K/V ring, Q buffers and O
+    buffer carried from one tile to the next. Few programs make long walks at small
+    sizes (1 program: every tile; 3 and 7: uneven shares, odd and even tile counts per
+    head), and a large case has ~15 tiles per SM."""
+    for programs in (1, 3, 7):
+        for N in (77, 383, 1000):
+            q, k, v = make_qkv(2, 4, 2, N, N, D, torch.float16, seed=N + programs)
+            o, lse = gluon_forward(q, k, v, causal, programs=programs)
+            check(o, lse, q, k, v, causal, label=f"N={N} D={D} causal={causal} programs={programs}")
+    q, k, v = make_qkv(8, 16, 4, 2048, 2048, D, torch.bfloat16, seed=9)
+    o, lse = gluon_forward(q, k, v, causal)
+    check(o, lse, q, k, v, causal, label=f"N=2048 D={D} causal={causal} B=8 H=16")
 
 
 @on_hopper
