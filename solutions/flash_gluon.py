@@ -352,19 +352,15 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N, GROUP, BH, qk_scale,
     ], [num_warps, 1], [CONSUMER_REGS, 24])
 
 
-def _descriptors(q, k, v, o):
-    """TMA descriptors of q, k, v, o over [B * heads, N, D] (each head's rows end at N:
-    TMA zero-fills reads past it and drops writes), in the blocks the kernel moves."""
+def descriptor(t, rows):
+    """A TMA descriptor over t [B, heads, N, D] (contiguous) viewed as [B * heads, N, D],
+    in [1, rows, D] blocks: each head's rows end at N, so TMA zero-fills reads past it and
+    drops writes past it."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    N, D = q.shape[2], q.shape[3]
-    dtype = GL_DTYPES[str(q.dtype)]
-
-    def desc(t, rows):
-        block = [1, rows, D]
-        return TensorDescriptor.from_tensor(t.view(-1, N, D), block,
-                                            gl.NVMMASharedLayout.get_default_for(block, dtype))
-
-    return desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(o, BLOCK_M)
+    N, D = t.shape[2], t.shape[3]
+    block = [1, rows, D]
+    return TensorDescriptor.from_tensor(t.view(-1, N, D), block,
+                                        gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[str(t.dtype)]))
 
 
 _SM_COUNT = {}
@@ -396,5 +392,6 @@ def forward(q, k, v, o, lse, causal, scale, programs=None):
     B, H, N, D = q.shape
     BH = B * H
     grid = (min(n_units(BH, N, causal), programs or sm_count(q.device)), )
-    attn_fwd_kernel[grid](*_descriptors(q, k, v, o), lse, N, H // k.shape[1], BH, scale * LOG2E,
+    attn_fwd_kernel[grid](descriptor(q, BLOCK_M), descriptor(k, BLOCK_N), descriptor(v, BLOCK_N),
+                          descriptor(o, BLOCK_M), lse, N, H // k.shape[1], BH, scale * LOG2E,
                           BLOCK_M, BLOCK_N, D, NUM_BUF=NUM_BUF, CAUSAL=bool(causal), num_warps=4)

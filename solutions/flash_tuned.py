@@ -639,14 +639,15 @@ def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
     )
 
 
-def gluon_takes(q, k, v):
-    """Whether the Gluon kernel runs this forward: a Hopper GPU (compute capability
-    9.x) with Triton 3.6, fp16/bf16, a head dim in GLUON_HEAD_DIMS, as many keys as
-    queries (its causal mask is the square one), and q, k, v contiguous [B, H, N, D]
-    (its descriptors see [B * H, N, D]) on 16-byte boundaries. Everything else runs this
-    file's kernel, which takes any strides."""
+def gluon_takes(q, k, v, head_dims=GLUON_HEAD_DIMS):
+    """Whether the Gluon kernel runs this forward (with other head_dims: whether the
+    backward's Gluon kernel may run, `flash_backward.gluon_dkdv_takes`): a Hopper GPU
+    (compute capability 9.x) with Triton 3.6, fp16/bf16, a head dim in head_dims, as many
+    keys as queries (its causal mask is the square one), and q, k, v contiguous
+    [B, H, N, D] (its descriptors see [B * H, N, D]) on 16-byte boundaries. Everything
+    else runs this file's kernel, which takes any strides."""
     return (TRY_GLUON and not INTERPRET and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and q.shape[3] in GLUON_HEAD_DIMS and q.shape[2] == k.shape[2]
+            and q.shape[3] in head_dims and q.shape[2] == k.shape[2]
             and triton.__version__.startswith(GLUON_TRITON) and _capability(q.device)[0] == 9
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)))
 

@@ -1,0 +1,282 @@
+"""The backward's dK/dV kernel for Hopper, written in Gluon (Triton 3.6).
+
+`flash_backward._backward` runs it instead of `bwd_dkdv_kernel` where `takes` says (an
+H100/H200, Triton 3.6, fp16/bf16, D = 64 or 128, N_Q == N_K, contiguous [B, H, N, D]
+tensors on 16-byte boundaries, enough work that the launch's host time does not bound
+the step), after the Triton dQ kernel, which stores delta. On the H100 the backward read
+1.01-1.12x the all-Triton one (PERF.md 3p).
+
+Notation as in solutions/flash_backward.py: S = scale * Q K^T, P = exp(S - lse),
+dV = P^T dO, dP = dO V^T, dS = P * (dP - delta), dK = scale * dS^T Q. The kernel works on
+the transposed tiles (keys along rows), so P^T and dS^T come out of the products in the
+register layout that the next products take as their A operand.
+
+The schedule (the forward's, flash_gluon.py, turned around):
+- A program owns 128 keys of one K/V head: two consumer warpgroups of 64 keys each,
+  independent (each waits and signals on its own, so one runs its exponentials while the
+  other's products run), and one producer warp. K and V stay in shared memory.
+- The producer streams (Q_i, dO_i) blocks of BLOCK_M query rows by TMA into a ring of
+  NUM_BUF slots, with the rows' lse * log2(e) and delta (plain loads, stored into the
+  slot by the producer warp), over the GROUP query heads that share the K/V head, in
+  order. A slot's ready barrier takes two arrivals (the TMA's, with its bytes, and the
+  producer's after its stores); its free barrier takes one from each consumer.
+- Per block a consumer issues S^T = K Q^T and dP^T = V dO^T together, waits for S^T only,
+  computes P^T while dP^T runs, issues dV += P^T dO, waits for dP^T, computes dS^T while
+  dV runs, issues dK += dS^T Q. The blocks without masks go two by two: the first one's
+  dV and dK products keep running while the second waits for its slot and issues its
+  S^T and dP^T; the second waits for all of them (ptxas serializes every wgmma if one
+  stays in flight across a loop's back edge, see `_step`). A slot is freed once the
+  products that read it have completed.
+- No wait needs the forward's predicated `_wait_after`: each wait follows the issue of a
+  product that consumes the work before it (P^T feeds dV, dS^T feeds dK), so ptxas cannot
+  hoist it above that work (the SASS has the exponentials between `DEPBAR.LE gsb0, 0x1`
+  and the dV products).
+- Ragged N: rows past N get lse = +inf, so P^T = 0 there (their Q and dO rows are TMA's
+  zeros): the last block needs no mask. Keys past N need none either: each key's dK, dV
+  row depends on that key alone, and the TMA store drops rows past N.
+- Causal: the program's keys [n0, n0 + 128) see query rows >= n0 only, so the walk starts
+  at row n0. A consumer with keys [k0, k0 + 64) masks the blocks that start in
+  [k0, k0 + 64) (64 / BLOCK_M of them), runs the rest without masks, and skips (waits
+  for, then frees) the blocks before k0 that the other consumer needs.
+- GQA: K/V head kv_bh = b * H_KV + h_kv is shared by query heads kv_bh * GROUP + g; their
+  blocks follow each other in the ring and add into the same dK, dV (no atomics).
+"""
+import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from solutions.flash_forward import LOG2E
+from solutions.flash_gluon import descriptor
+
+LOG2E_C = gl.constexpr(LOG2E)  # the same constant, usable inside kernels
+
+BLOCK_N = gl.constexpr(128)  # keys per program: two consumer warpgroups of 64
+KEYS = gl.constexpr(64)      # keys per consumer warpgroup (a wgmma's M per warpgroup)
+# Query rows per ring slot, per head dim: the largest without spills. At D = 128, 64 rows
+# spill 8-24 bytes outside the loop (ptxas -v, sm_90a).
+BLOCK_M = {64: 64, 128: 32}
+# Ring slots: a block's products take ~0.5-1 us, about a TMA's latency, so 3 slots keep
+# the producer two blocks ahead (at D = 128, 2 slots with paired blocks spill).
+NUM_BUF = 3
+# Registers per thread of the worker consumer; Triton gives the default (first) partition
+# what is left of 3 x 168 (the launch's share of 64K over 12 warps): 504 - 240 - 24 = 240.
+CONSUMER_REGS = gl.constexpr(240)
+
+
+@gluon.jit
+def _producer(q_desc, do_desc, LSE, DELTA, q_ring, do_ring, lse_ring, delta_ring, ready, free, kv_bh, GROUP, lo_blk,
+              n_blk, N, BLOCK_M: gl.constexpr, NUM_BUF: gl.constexpr):
+    """(Q_i, dO_i, lse_i, delta_i) of blocks lo_blk .. n_blk - 1 of each query head of the
+    group into the ring, position t into slot t % NUM_BUF once both consumers freed its
+    previous round (a fresh barrier passes a wait for parity 1: the first round waits for
+    nothing). A slot is ready after two arrivals: the TMA's (with its bytes) and this
+    warp's, after it stored lse and delta."""
+    rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    t = 0
+    for g in range(GROUP):
+        bh = kv_bh * GROUP + g
+        for i in range(lo_blk, n_blk):
+            slot = t % NUM_BUF
+            # lse and delta are loaded before the wait for the slot: their latency then
+            # overlaps the wait, where this warp spends its time when it is ahead.
+            rows = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
+            offs = bh * N + rows  # 32-bit offsets (the host checks B * H * N < 2^31): fewer registers in this warp
+            # Rows past N: lse = +inf makes P^T = exp2(-inf) = 0 there (their Q and dO
+            # rows are TMA's zeros), so the ragged last block needs no mask.
+            lse2 = gl.load(LSE + offs, mask=rows < N, other=float("inf")) * LOG2E_C
+            delta = gl.load(DELTA + offs, mask=rows < N, other=0.0)
+            mbarrier.wait(free.index(slot), phase=((t // NUM_BUF) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), 2 * q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [bh, i * BLOCK_M, 0], ready.index(slot), q_ring.index(slot))
+            tma.async_copy_global_to_shared(do_desc, [bh, i * BLOCK_M, 0], ready.index(slot), do_ring.index(slot))
+            lse_ring.index(slot).store(lse2)
+            delta_ring.index(slot).store(delta)
+            mbarrier.arrive(ready.index(slot))
+            t += 1
+
+
+@gluon.jit
+def _skip(t, ready, free, NUM_BUF: gl.constexpr):
+    """Position t, which this consumer does not need (causal: rows before its keys):
+    wait for it (so that the free arrival counts for this round), then free it."""
+    mbarrier.wait(ready.index(t % NUM_BUF), phase=(t // NUM_BUF) & 1)
+    mbarrier.arrive(free.index(t % NUM_BUF))
+
+
+@gluon.jit
+def _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv, qk_scale,
+          DIAG: gl.constexpr, BLOCK_M: gl.constexpr, NUM_BUF: gl.constexpr, s_layout: gl.constexpr,
+          p_layout: gl.constexpr, AFTER: gl.constexpr = False, BEFORE: gl.constexpr = False):
+    """Position t of the ring: adds its block's part into dK and dV (K and V tiles in
+    shared memory, the products' A operand). DIAG >= 0: the block crosses this
+    consumer's diagonal (causal) and starts DIAG rows after its first key; -1: no mask.
+    BEFORE: returns with its dK and dV products still running (and its slot not freed),
+    for the next step, called with AFTER, to retire them with its S^T."""
+    dtype: gl.constexpr = q_ring.dtype
+    HEAD_D: gl.constexpr = q_ring.shape[3]
+    cols: gl.constexpr = gl.SliceLayout(0, s_layout)  # query rows run along the columns
+    slot = t % NUM_BUF
+    mbarrier.wait(ready.index(slot), phase=(t // NUM_BUF) & 1)
+    q = q_ring.index(slot).reshape([BLOCK_M, HEAD_D])
+    do = do_ring.index(slot).reshape([BLOCK_M, HEAD_D])
+    s = warpgroup_mma(k_tile, q.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
+                      use_acc=False, is_async=True)
+    dp = warpgroup_mma(v_tile, do.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    if AFTER:  # in order: the previous block's dV and dK, then S^T; dP^T may still run
+        s, dk, dv = warpgroup_mma_wait(num_outstanding=1, deps=(s, dk, dv))
+        mbarrier.arrive(free.index((t + NUM_BUF - 1) % NUM_BUF))
+    else:
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # dP^T may still run
+    # lse and delta from shared memory just before their use: as loads into registers
+    # at the top of the step they held 2 * BLOCK_M / 4 registers across the products.
+    x = s * qk_scale - lse_ring.index(slot).load(cols)[None, :]  # lse * log2(e), stored so
+    if DIAG >= 0:  # query row i sees keys j <= i: m0 + c >= k0 + r, m0 = k0 + DIAG
+        c = gl.arange(0, BLOCK_M, layout=cols) + DIAG
+        r = gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+        x = gl.where(c[None, :] >= r[:, None], x, float("-inf"))
+    p = gl.exp2(x)
+    p16 = gl.convert_layout(p.to(dtype), p_layout)
+    dv = warpgroup_mma(p16, do, dv, is_async=True)
+    dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp, ))  # dV may still run
+    ds = p * (dp - delta_ring.index(slot).load(cols)[None, :])
+    dk = warpgroup_mma(gl.convert_layout(ds.to(dtype), p_layout), q, dk, is_async=True)
+    # No product stays in flight across a loop's back edge: that made ptxas serialize every
+    # wgmma of the kernel (its advisory C7512, "insufficient register resources", at any
+    # register limit). Within a loop body (BEFORE, then AFTER) it does not.
+    if not BEFORE:
+        dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        mbarrier.arrive(free.index(slot))
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, lse_ring, delta_ring, ready,
+              free, kv_bh, GROUP, k0, lo_blk, n_blk, N, sm_scale, qk_scale,
+              CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr,
+              num_warps: gl.constexpr):
+    """One warpgroup: dK and dV of keys k0 .. k0 + 63 of K/V head kv_bh, over the ring's
+    blocks lo_blk .. n_blk - 1 of each query head of the group."""
+    dtype: gl.constexpr = k_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [kv_bh, k0, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_bh, k0, 0], kv_bar, v_smem)
+    k_tile = k_smem.reshape([KEYS, HEAD_D])
+    v_tile = v_smem.reshape([KEYS, HEAD_D])
+
+    # The blocks of each head: [skip, masked, plain). Causal: rows before k0 see none of
+    # these keys; the 64 rows from k0 cross the diagonal.
+    nb = n_blk - lo_blk
+    if CAUSAL:
+        n_skip = gl.minimum((k0 - lo_blk * BLOCK_M) // BLOCK_M, nb)
+        n_mask = gl.minimum(KEYS // BLOCK_M, nb - n_skip)
+    else:
+        n_skip = 0
+        n_mask = 0
+    n_plain = nb - n_skip - n_mask
+
+    mbarrier.wait(kv_bar, phase=0)
+    dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    t = 0
+    for g in range(GROUP):
+        if CAUSAL:
+            for i in range(n_skip):
+                _skip(t, ready, free, NUM_BUF)
+                t += 1
+            # The diagonal blocks, unrolled: each one's mask is then known at compile time
+            # but for the thread's position (fewer registers than comparing row numbers).
+            for i in gl.static_range(KEYS // BLOCK_M):
+                if i < n_mask:
+                    dk, dv = _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
+                                   qk_scale, i * BLOCK_M, BLOCK_M, NUM_BUF, s_layout, p_layout)
+                    t += 1
+        # the plain blocks two by two: the first one's dK, dV run under the second's start
+        for i in range(n_plain // 2):
+            dk, dv = _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
+                           qk_scale, -1, BLOCK_M, NUM_BUF, s_layout, p_layout, False, True)
+            dk, dv = _step(t + 1, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
+                           qk_scale, -1, BLOCK_M, NUM_BUF, s_layout, p_layout, True, False)
+            t += 2
+        for i in range(n_plain % 2):
+            dk, dv = _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
+                           qk_scale, -1, BLOCK_M, NUM_BUF, s_layout, p_layout)
+            t += 1
+
+    if k0 < N:  # rows past N are dropped by the store; a block wholly past N is not stored
+        # K's and V's buffers stage dK and dV: every product that read them has completed.
+        k_tile.store((dk * sm_scale).to(dtype))  # dK = scale * dS^T Q
+        v_tile.store(dv.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dk_desc, [kv_bh, k0, 0], k_smem)
+        tma.async_copy_shared_to_global(dv_desc, [kv_bh, k0, 0], v_smem)
+        tma.store_wait(pendings=0)
+
+
+# N is not specialized (flash_gluon.py: a constant 1 folds the loop bounds away).
+@gluon.jit(do_not_specialize=["N"])
+def bwd_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, N, GROUP, sm_scale, qk_scale,
+                    BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr,
+                    num_warps: gl.constexpr):
+    """Program (j, kv_bh): dK and dV of keys [128 j, 128 (j + 1)) of K/V head kv_bh of
+    [B * H_KV, N, D]; two consumer warpgroups of 64 keys and a producer warp."""
+    dtype: gl.constexpr = q_desc.dtype
+    n0 = gl.program_id(0) * BLOCK_N  # causal: the lowest keys see the most rows; they start first
+    kv_bh = gl.program_id(1)
+    n_blk = (N + BLOCK_M - 1) // BLOCK_M
+    if CAUSAL:
+        lo_blk = n0 // BLOCK_M  # rows before n0 see none of these keys
+    else:
+        lo_blk = n0 * 0  # a tensor, as the partitions' arguments must be
+
+    k_smem = gl.allocate_shared_memory(dtype, [2, 1, KEYS, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, 1, KEYS, HEAD_D], v_desc.layout)
+    q_ring = gl.allocate_shared_memory(dtype, [NUM_BUF, 1, BLOCK_M, HEAD_D], q_desc.layout)
+    do_ring = gl.allocate_shared_memory(dtype, [NUM_BUF, 1, BLOCK_M, HEAD_D], do_desc.layout)
+    row_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # as the barriers: indexed to 1-D rows
+    lse_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], row_smem)
+    delta_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], row_smem)
+    kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_bars.index(i), count=1)
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.init(ready.index(i), count=2)  # the TMA's arrival and the producer's
+        mbarrier.init(free.index(i), count=2)  # both consumers free a slot
+
+    gl.warp_specialize([
+        (_consumer, (k_desc, v_desc, dk_desc, dv_desc, k_smem.index(0), v_smem.index(0), kv_bars.index(0),
+                     q_ring, do_ring, lse_ring, delta_ring, ready, free, kv_bh, GROUP, n0, lo_blk, n_blk, N, sm_scale,
+                     qk_scale,
+                     CAUSAL, BLOCK_M, HEAD_D, NUM_BUF, num_warps)),
+        (_consumer, (k_desc, v_desc, dk_desc, dv_desc, k_smem.index(1), v_smem.index(1), kv_bars.index(1),
+                     q_ring, do_ring, lse_ring, delta_ring, ready, free, kv_bh, GROUP, n0 + KEYS, lo_blk, n_blk, N,
+                     sm_scale, qk_scale,
+                     CAUSAL, BLOCK_M, HEAD_D, NUM_BUF, num_warps)),
+        (_producer, (q_desc, do_desc, LSE, DELTA, q_ring, do_ring, lse_ring, delta_ring, ready, free, kv_bh, GROUP,
+                     lo_blk, n_blk, N, BLOCK_M, NUM_BUF)),
+    ], [num_warps, 1], [CONSUMER_REGS, 24])
+
+
+def dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale):
+    """Write dK, dV (k's shape and dtype) of attention of q [B, H, N, D] over k, v
+    [B, H_KV, N, D], given dO (q's shape), lse and delta [B, H, N] fp32 (natural-log lse
+    of the forward; delta = rowsum(dO * O)). All contiguous, 16-byte aligned, fp16 or
+    bf16, D 64 or 128, B * H * N < 2^31: `flash_backward.gluon_dkdv_takes` checks that."""
+    B, H, N, D = q.shape
+    H_KV = k.shape[1]
+    block_m = BLOCK_M[D]
+    grid = ((N + BLOCK_N.value - 1) // BLOCK_N.value, B * H_KV)
+    keys = KEYS.value
+    bwd_dkdv_kernel[grid](descriptor(q, block_m), descriptor(do, block_m), descriptor(k, keys), descriptor(v, keys),
+                          descriptor(dk, keys), descriptor(dv, keys), lse, delta, N, H // H_KV, scale,
+                          scale * LOG2E, block_m, D, NUM_BUF, bool(causal), num_warps=4)

@@ -1,0 +1,123 @@
+"""The backward's Gluon dK/dV kernel (solutions/flash_gluon_backward.py): where it runs,
+and what it computes. Triton's interpreter has no Gluon, so its results are checked on a
+Hopper GPU with Triton 3.6 only; which inputs it takes is checked everywhere.
+"""
+import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is imported)
+import pytest
+import torch
+import triton
+
+from course.checks.flash_forward import attention_values
+from course.testing import assert_close
+from solutions import flash_backward, flash_tuned
+from tests.test_backward_kernels import check_grads, reference, run_backward, tolerances
+from tests.test_forward_kernels import make_qkv
+from tests.test_gluon_forward import HOPPER, OnHopper
+
+on_hopper = pytest.mark.skipif(not HOPPER, reason="Gluon runs on a Hopper GPU with Triton 3.6 "
+                                                  "(no interpreter)")
+
+
+def test_gluon_dkdv_takes_only_what_its_kernel_reads(monkeypatch):
+    monkeypatch.setattr(flash_tuned, "INTERPRET", False)
+    monkeypatch.setattr(flash_tuned, "TRY_GLUON", True)
+    monkeypatch.setattr(flash_tuned, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+
+    def takes(B=2, H=16, Hkv=8, N=4096, D=128, dtype=torch.float16, layout="bhnd", offset=0):
+        q, k, v = (OnHopper(t.to(dtype), offset)
+                   for t in make_qkv(B, H, Hkv, N, N, D, torch.float32, layout))
+        return flash_backward.gluon_dkdv_takes(q, k, v)
+
+    assert takes() and takes(D=64) and takes(dtype=torch.bfloat16) and takes(Hkv=16)
+    assert not takes(D=96) and not takes(dtype=torch.float32)
+    assert not takes(layout="bnhd") and not takes(offset=2)  # descriptors over [B*H, N, D], TMA's alignment
+    assert not takes(N=1024, D=64, B=1)  # too little work: the host's launch time bounds the step
+    monkeypatch.setattr(flash_backward, "GLUON_DKDV_MIN_WORK", 0)
+    assert takes(N=77, D=64, B=1)
+    monkeypatch.setattr(flash_tuned, "_capability", lambda device: (8, 0))
+    assert not takes()                                # no TMA or wgmma before Hopper
+    monkeypatch.setattr(flash_tuned, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(flash_tuned, "TRY_GLUON", False)
+    assert not takes()                                # FLASH_TUNED_GLUON=0
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """Every shape runs the Gluon dK/dV kernel (the work threshold off); returns the list
+    of its launches, so a test can see that it ran."""
+    from solutions import flash_gluon_backward
+    calls = []
+    dkdv = flash_gluon_backward.dkdv
+
+    def counted(q, *args):
+        calls.append(tuple(q.shape))
+        return dkdv(q, *args)
+
+    monkeypatch.setattr(flash_backward, "GLUON_DKDV_MIN_WORK", 0)
+    monkeypatch.setattr(flash_gluon_backward, "dkdv", counted)
+    return calls
+
+
+# One query block and several; ragged lengths (rows past N: lse = +inf in the kernel);
+# causal diagonals that start inside a block; odd and even counts of the blocks it pairs.
+LENGTHS = (1, 77, 128, 200, 383, 640, 1000)
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_dkdv_matches_float64(gluon_calls, causal, D, dtype):
+    for N in LENGTHS:  # 4 query heads on 2 K/V heads: each K/V head sums two heads' blocks
+        q, k, v = make_qkv(2, 4, 2, N, N, D, dtype, seed=N * 5 + D + causal)
+        do = torch.randn_like(q)
+        _, *grads = run_backward(q, k, v, do, causal, fused=False)
+        _, *refs = reference(q, k, v, do, causal)
+        check_grads(grads, refs, dtype, f"N={N} D={D} causal={causal}")
+    assert len(gluon_calls) == len(LENGTHS)
+
+
+@on_hopper
+@pytest.mark.parametrize("kind", ["extreme", "big_v"])
+def test_gluon_dkdv_extreme_values_and_a_given_scale(gluon_calls, kind):
+    """Module 05's extreme inputs (rows of scores shifted by +-s, s = 256 in bf16; V about
+    +-2000), with the default scale and a caller's. With "extreme", dQ is not compared:
+    its first column is s times sum_j dS_ij, which is 0 exactly (softmax's gradient sums
+    to 0 along a row) and, from dS rounded to bf16 for the product with K, about
+    s * 2^-8 in any kernel; dK and dV have no such cancellation."""
+    q, k, v = (t.to("cuda", torch.bfloat16) for t in attention_values(2, 2, 300, 300, 128, torch.bfloat16,
+                                                                       seed=7, kind=kind))
+    do = torch.randn_like(q)
+    names = ("dk", "dv") if kind == "extreme" else ("dq", "dk", "dv")
+    for causal in (False, True):
+        for scale in (None, 0.05):
+            _, dq, dk, dv = run_backward(q, k, v, do, causal, fused=False, sm_scale=scale)
+            _, *refs = reference(q, k, v, do, causal, scale)
+            for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
+                if name in names:
+                    atol, rtol = tolerances(torch.bfloat16, want)
+                    assert_close(got, want, name=f"{name} [{kind} causal={causal} scale={scale}]",
+                                 atol=atol, rtol=rtol, quiet=True)
+    assert len(gluon_calls) == 4
+
+
+@on_hopper
+def test_backward_runs_gluon_only_where_it_takes_the_inputs(gluon_calls):
+    for layout, gluon in (("bhnd", True), ("bnhd", False)):
+        q, k, v = make_qkv(2, 4, 2, 500, 500, 128, torch.float16, layout, seed=3)
+        do = torch.randn_like(q)
+        before = len(gluon_calls)
+        _, *grads = run_backward(q, k, v, do, True, fused=False)
+        assert (len(gluon_calls) > before) == gluon, layout
+        _, *refs = reference(q, k, v, do, True)
+        check_grads(grads, refs, torch.float16, layout)
+
+
+def test_gluon_backward_file_imports_without_a_gpu():
+    """The backward imports it only on the Hopper path, but it must stay importable with
+    any Triton here."""
+    from solutions import flash_gluon_backward
+    from triton.experimental.gluon._runtime import GluonJITFunction
+    assert isinstance(flash_gluon_backward.bwd_dkdv_kernel, GluonJITFunction)
+    assert flash_gluon_backward.KEYS.value * 2 == flash_gluon_backward.BLOCK_N.value  # two consumers
