@@ -598,34 +598,41 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     else:
         # The dQ kernel also stores delta (the preprocessing), then dK/dV reads it.
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-        launch(bwd_dq_kernel, _dq_tuned, "dq",
-               lambda c: (flash_tuned.cdiv(Nq, c["BLOCK_M"]), B * H),
-               q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
-        if config is None and gluon_dkdv_takes(q, k, v):
+        gluon = config is None and gluon_backward_takes(q, k, v)
+        if gluon:
             from solutions import flash_gluon_backward  # imported here: the interpreter has no Gluon
+        if gluon and D in GLUON_DQ_HEAD_DIMS:
+            flash_gluon_backward.dq_delta(q, k, v, o, do, lse, delta, dq, causal, scale)
+        else:
+            launch(bwd_dq_kernel, _dq_tuned, "dq",
+                   lambda c: (flash_tuned.cdiv(Nq, c["BLOCK_M"]), B * H),
+                   q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
+        if gluon:
             flash_gluon_backward.dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)
         else:
             launch_dkdv(dq)
     return dq, dk, dv
 
 
-# The backward's Gluon dK/dV kernel (solutions/flash_gluon_backward.py) runs at these head
-# dims where flash_tuned.gluon_takes allows, for steps of at least this much work
-# (B * H * N^2 * D): below it (D = 64, N = 1024, B * H = 256) the eager training step is
-# bound by the host's launch time, and the Gluon launch's six TMA descriptors cost more
-# host time than its kernel saves (PERF.md 3p).
-GLUON_DKDV_HEAD_DIMS = (64, 128)
-GLUON_DKDV_MIN_WORK = 2 ** 35
+# The backward's Gluon kernels (solutions/flash_gluon_backward.py) run at these head dims
+# where flash_tuned.gluon_takes allows (dQ at D = 128 only: at D = 64 it read 0.86-1.10x
+# the Triton dQ kernel), for steps of at least this much work (B * H * N^2 * D): below it
+# (D = 64, N = 1024, B * H = 256) the eager training step is bound by the host's launch
+# time, and the Gluon launches' TMA descriptors cost more host time than their kernels
+# save (PERF.md 3p).
+GLUON_BACKWARD_HEAD_DIMS = (64, 128)
+GLUON_DQ_HEAD_DIMS = (128,)
+GLUON_BACKWARD_MIN_WORK = 2 ** 35
 
 
-def gluon_dkdv_takes(q, k, v):
-    """Whether the unfused backward's dK/dV runs in Gluon: the Gluon forward's conditions
+def gluon_backward_takes(q, k, v):
+    """Whether the unfused backward runs its Gluon kernels: the Gluon forward's conditions
     (Hopper, Triton 3.6, fp16/bf16, N_Q == N_K, contiguous, aligned) at a head dim of
-    GLUON_DKDV_HEAD_DIMS, enough work, and fewer than 2^31 rows of lse (its producer
-    indexes them with 32-bit offsets)."""
+    GLUON_BACKWARD_HEAD_DIMS, enough work, and fewer than 2^31 rows of lse (the kernels
+    index them with 32-bit offsets)."""
     B, H, N, D = q.shape
-    return (flash_tuned.gluon_takes(q, k, v, GLUON_DKDV_HEAD_DIMS) and B * H * N * N * D >= GLUON_DKDV_MIN_WORK
-            and B * H * N < 2 ** 31)
+    return (flash_tuned.gluon_takes(q, k, v, GLUON_BACKWARD_HEAD_DIMS)
+            and B * H * N * N * D >= GLUON_BACKWARD_MIN_WORK and B * H * N < 2 ** 31)
 
 
 class TunedAttentionFunction(torch.autograd.Function):

@@ -1,10 +1,12 @@
-"""The backward's dK/dV kernel for Hopper, written in Gluon (Triton 3.6).
+"""The backward's kernels for Hopper, written in Gluon (Triton 3.6): dK/dV, and dQ.
 
-`flash_backward._backward` runs it instead of `bwd_dkdv_kernel` where `takes` says (an
-H100/H200, Triton 3.6, fp16/bf16, D = 64 or 128, N_Q == N_K, contiguous [B, H, N, D]
-tensors on 16-byte boundaries, enough work that the launch's host time does not bound
-the step), after the Triton dQ kernel, which stores delta. On the H100 the backward read
-1.01-1.12x the all-Triton one (PERF.md 3p).
+`flash_backward._backward` runs them instead of `bwd_dkdv_kernel` and `bwd_dq_kernel`
+where `flash_backward.gluon_backward_takes` says (an H100/H200, Triton 3.6, fp16/bf16,
+D = 64 or 128, N_Q == N_K, contiguous [B, H, N, D] tensors on 16-byte boundaries, enough
+work that the launch's host time does not bound the step): dQ first (it also stores
+delta = rowsum(dO * O)), at D = 128 only (at D = 64 it read 0.86-1.10x the Triton one),
+then dK/dV. On the H100 the backward read 1.04-1.13x the all-Triton one at D = 128
+(PERF.md 3p).
 
 Notation as in solutions/flash_backward.py: S = scale * Q K^T, P = exp(S - lse),
 dV = P^T dO, dP = dO V^T, dS = P * (dP - delta), dK = scale * dS^T Q. The kernel works on
@@ -40,6 +42,15 @@ The schedule (the forward's, flash_gluon.py, turned around):
   for, then frees) the blocks before k0 that the other consumer needs.
 - GQA: K/V head kv_bh = b * H_KV + h_kv is shared by query heads kv_bh * GROUP + g; their
   blocks follow each other in the ring and add into the same dK, dV (no atomics).
+
+The dQ kernel is the forward's schedule with the dQ products: a program owns 128 query
+rows of one head (two consumer warpgroups of 64 rows; their Q and dO by TMA, once), a
+producer warp streams (K_j, V_j) blocks; per block S and dP are issued together, P's
+exponentials run while dP runs (the wait for dP predicated, as the forward's), then
+dS = P * (dP - delta) and dQ += dS K, unmasked blocks two by two as above. Each consumer
+computes its rows' delta first (plain loads of O and dO while its TMA flies). Causal: a
+consumer masks the blocks crossing its diagonal and drains (waits for, frees) the tile's
+blocks past it.
 """
 import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
 from triton.experimental import gluon
@@ -48,7 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from solutions.flash_forward import LOG2E
-from solutions.flash_gluon import descriptor
+from solutions.flash_gluon import _wait_after, descriptor
 
 LOG2E_C = gl.constexpr(LOG2E)  # the same constant, usable inside kernels
 
@@ -60,6 +71,11 @@ BLOCK_M = {64: 64, 128: 32}
 # Ring slots: a block's products take ~0.5-1 us, about a TMA's latency, so 3 slots keep
 # the producer two blocks ahead (at D = 128, 2 slots with paired blocks spill).
 NUM_BUF = 3
+# The dQ kernel (D = 128): query rows per consumer warpgroup (a wgmma's M), and keys per
+# ring block: 128 spilled 268-440 bytes and serialized the wgmma (live at a pair's peak:
+# dQ [64, D] and dS in flight, S and dP [64, DQ_BLOCK_N], all fp32 but dS). NUM_BUF slots.
+ROWS = gl.constexpr(64)
+DQ_BLOCK_N = 64
 # Registers per thread of the worker consumer; Triton gives the default (first) partition
 # what is left of 3 x 168 (the launch's share of 64K over 12 warps): 504 - 240 - 24 = 240.
 CONSUMER_REGS = gl.constexpr(240)
@@ -271,7 +287,7 @@ def dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale):
     """Write dK, dV (k's shape and dtype) of attention of q [B, H, N, D] over k, v
     [B, H_KV, N, D], given dO (q's shape), lse and delta [B, H, N] fp32 (natural-log lse
     of the forward; delta = rowsum(dO * O)). All contiguous, 16-byte aligned, fp16 or
-    bf16, D 64 or 128, B * H * N < 2^31: `flash_backward.gluon_dkdv_takes` checks that."""
+    bf16, D 64 or 128, B * H * N < 2^31: `flash_backward.gluon_backward_takes` checks that."""
     B, H, N, D = q.shape
     H_KV = k.shape[1]
     block_m = BLOCK_M[D]
@@ -280,3 +296,195 @@ def dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale):
     bwd_dkdv_kernel[grid](descriptor(q, block_m), descriptor(do, block_m), descriptor(k, keys), descriptor(v, keys),
                           descriptor(dk, keys), descriptor(dv, keys), lse, delta, N, H // H_KV, scale,
                           scale * LOG2E, block_m, D, NUM_BUF, bool(causal), num_warps=4)
+
+
+# ---------------------------------------------------------------------------------------
+# dQ
+
+@gluon.jit
+def _dq_producer(k_desc, v_desc, k_ring, v_ring, ready, free, kv_bh, n_tile,
+                 BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr):
+    """K and V blocks 0 .. n_tile - 1 of K/V head kv_bh, block j into slot j % NUM_BUF
+    once both consumers freed the slot's previous round (a fresh barrier passes a wait for
+    parity 1: the first round waits for nothing)."""
+    for j in range(n_tile):
+        slot = j % NUM_BUF
+        mbarrier.wait(free.index(slot), phase=((j // NUM_BUF) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), 2 * k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_bh, j * BLOCK_N, 0], ready.index(slot), k_ring.index(slot))
+        tma.async_copy_global_to_shared(v_desc, [kv_bh, j * BLOCK_N, 0], ready.index(slot), v_ring.index(slot))
+
+
+@gluon.jit
+def _dq_step(j, q_t, do_t, k_ring, v_ring, ready, free, dq, lse2, delta, q_start, N, qk_scale,
+             MASK: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
+             s_layout: gl.constexpr, ds_layout: gl.constexpr, AFTER: gl.constexpr = False,
+             BEFORE: gl.constexpr = False):
+    """Key block j (slot j % NUM_BUF) into dQ (unscaled). MASK: keys past N, and causal keys
+    after each row, get P = 0. BEFORE: returns with its dQ product in flight and its slot
+    not freed, for the next step, called with AFTER, to retire them with its S."""
+    dtype: gl.constexpr = q_t.dtype
+    HEAD_D: gl.constexpr = q_t.shape[1]
+    BLOCK_M: gl.constexpr = q_t.shape[0]
+    slot = j % NUM_BUF
+    mbarrier.wait(ready.index(slot), phase=(j // NUM_BUF) & 1)
+    k = k_ring.index(slot).reshape([BLOCK_N, HEAD_D])
+    v = v_ring.index(slot).reshape([BLOCK_N, HEAD_D])
+    s = warpgroup_mma(q_t, k.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                      use_acc=False, is_async=True)
+    dp = warpgroup_mma(do_t, v.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    if AFTER:  # in order: the previous block's dQ, then S; dP may still run
+        s, dq = warpgroup_mma_wait(num_outstanding=1, deps=(s, dq))
+        mbarrier.arrive(free.index((j + NUM_BUF - 1) % NUM_BUF))
+    else:
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+    x = s * qk_scale - lse2[:, None]
+    if MASK:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        keep = cols[None, :] < N
+        if CAUSAL:
+            rows = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            keep = keep & (cols[None, :] <= rows[:, None])
+        x = gl.where(keep, x, float("-inf"))
+    p = gl.exp2(x)
+    # the wait for dP predicated (flash_gluon.py's `_wait_after`): unpredicated, ptxas
+    # hoisted it above all but 2-16 of the block's exponentials (sm_90a SASS)
+    delta, dp = _wait_after(delta, (dp, ))
+    ds = p * (dp - delta[:, None])
+    dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), ds_layout), k, dq, is_async=True)
+    if not BEFORE:
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+        mbarrier.arrive(free.index(slot))
+    return dq
+
+
+@gluon.jit
+def _dq_consumer(q_desc, do_desc, dq_desc, O, DO, LSE, DELTA, q_smem, do_smem, q_bar, k_ring, v_ring, ready,
+                 free, bh, q_start, n_tile, N, sm_scale, qk_scale, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+                 HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr, num_warps: gl.constexpr):
+    """One warpgroup: dQ and delta of rows q_start .. q_start + 63 of head bh, over the
+    tile's key blocks 0 .. n_tile - 1 in the ring."""
+    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = ROWS
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, HEAD_D, 16])
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [bh, q_start, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [bh, q_start, 0], q_bar, do_smem)
+
+    # delta = rowsum(dO * O) of these rows while the copies fly (dO read again by plain
+    # loads: a [64, D] tile, in L2 after the TMA's read or about to be)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // HEAD_D, HEAD_D // 8], [num_warps, 1], [1, 0])
+    r = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
+    c = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, ld_layout))
+    offs = (bh.to(gl.int64) * N + r)[:, None] * HEAD_D + c[None, :]
+    ld_mask = (r[:, None] < N) & (c[None, :] < HEAD_D)
+    o = gl.load(O + offs, mask=ld_mask, other=0.0).to(gl.float32)
+    do = gl.load(DO + offs, mask=ld_mask, other=0.0).to(gl.float32)
+    delta = gl.sum(o * do, axis=1)
+    gl.store(DELTA + bh * N + r, delta, mask=r < N)  # 32-bit: the host checks B * H * N < 2^31
+    delta = gl.convert_layout(delta, rows_layout)
+    rows = q_start + gl.arange(0, BLOCK_M, layout=rows_layout)
+    # rows past N: lse = +inf makes P = 0 there (their Q and dO are TMA's zeros)
+    lse2 = gl.load(LSE + bh * N + rows, mask=rows < N, other=float("inf")) * LOG2E_C
+
+    # The key blocks: [0, n_full) without masks, [n_full, n_mine) masked, [n_mine, n_tile)
+    # drained (causal: past this consumer's diagonal; every block when its rows all lie
+    # past N).
+    n_all = (N + BLOCK_N - 1) // BLOCK_N
+    if CAUSAL:
+        n_mine = gl.minimum(n_all, (q_start + BLOCK_M + BLOCK_N - 1) // BLOCK_N)
+        n_full = gl.minimum((q_start + 1) // BLOCK_N, N // BLOCK_N)
+    else:
+        n_mine = n_all
+        n_full = N // BLOCK_N
+    has_rows = q_start < N
+    n_mine = gl.where(has_rows, n_mine, 0)
+    n_full = gl.where(has_rows, n_full, 0)
+
+    q_t = q_smem.reshape([BLOCK_M, HEAD_D])
+    do_t = do_smem.reshape([BLOCK_M, HEAD_D])
+    mbarrier.wait(q_bar, phase=0)
+    dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout)
+    for i in range(n_full // 2):  # the first block's dQ product runs under the second one's start
+        dq = _dq_step(2 * i, q_t, do_t, k_ring, v_ring, ready, free, dq, lse2, delta, q_start, N, qk_scale,
+                      False, CAUSAL, BLOCK_N, NUM_BUF, s_layout, ds_layout, False, True)
+        dq = _dq_step(2 * i + 1, q_t, do_t, k_ring, v_ring, ready, free, dq, lse2, delta, q_start, N, qk_scale,
+                      False, CAUSAL, BLOCK_N, NUM_BUF, s_layout, ds_layout, True, False)
+    for j in range(n_full - n_full % 2, n_full):
+        dq = _dq_step(j, q_t, do_t, k_ring, v_ring, ready, free, dq, lse2, delta, q_start, N, qk_scale,
+                      False, CAUSAL, BLOCK_N, NUM_BUF, s_layout, ds_layout)
+    for j in range(n_full, n_mine):
+        dq = _dq_step(j, q_t, do_t, k_ring, v_ring, ready, free, dq, lse2, delta, q_start, N, qk_scale,
+                      True, CAUSAL, BLOCK_N, NUM_BUF, s_layout, ds_layout)
+
+    if has_rows:  # Q's buffer stages dQ: every product that read it has completed
+        q_t.store((dq * sm_scale).to(dtype))  # dQ = scale * dS K
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dq_desc, [bh, q_start, 0], q_smem)  # rows past N are dropped
+    for j in range(n_mine, n_tile):  # wait (so the arrival counts for this round), then free
+        mbarrier.wait(ready.index(j % NUM_BUF), phase=(j // NUM_BUF) & 1)
+        mbarrier.arrive(free.index(j % NUM_BUF))
+    tma.store_wait(pendings=0)  # before the program ends and its shared memory goes
+
+
+# N and GROUP are not specialized (flash_gluon.py: a constant 1 folds the loop bounds away).
+@gluon.jit(do_not_specialize=["N", "GROUP"])
+def bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, O, DO, LSE, DELTA, N, GROUP, sm_scale, qk_scale,
+                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """Program (i, bh): dQ and delta of query rows [128 i, 128 (i + 1)) of head bh of
+    [B * H, N, D] (causal: the longest tiles first); two consumer warpgroups of 64 rows
+    and a producer warp."""
+    dtype: gl.constexpr = q_desc.dtype
+    pid_m = gl.program_id(0)
+    if CAUSAL:  # later tiles see more keys: start them first so the short ones fill the tail
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    m0 = pid_m * (2 * ROWS)
+    n_tile = (N + BLOCK_N - 1) // BLOCK_N
+    if CAUSAL:  # keys < m0 + 128
+        n_tile = gl.minimum(n_tile, (m0 + 2 * ROWS + BLOCK_N - 1) // BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_D], do_desc.layout)
+    k_ring = gl.allocate_shared_memory(dtype, [NUM_BUF, 1, BLOCK_N, HEAD_D], k_desc.layout)
+    v_ring = gl.allocate_shared_memory(dtype, [NUM_BUF, 1, BLOCK_N, HEAD_D], v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.init(ready.index(i), count=1)  # the producer's expect; the bytes of K and V
+        mbarrier.init(free.index(i), count=2)   # both consumers free a slot
+
+    gl.warp_specialize([
+        (_dq_consumer, (q_desc, do_desc, dq_desc, O, DO, LSE, DELTA, q_smem.index(0), do_smem.index(0),
+                     q_bars.index(0), k_ring, v_ring, ready, free, bh, m0, n_tile, N, sm_scale, qk_scale,
+                     CAUSAL, BLOCK_N, HEAD_D, NUM_BUF, num_warps)),
+        (_dq_consumer, (q_desc, do_desc, dq_desc, O, DO, LSE, DELTA, q_smem.index(1), do_smem.index(1),
+                     q_bars.index(1), k_ring, v_ring, ready, free, bh, m0 + ROWS, n_tile, N, sm_scale, qk_scale,
+                     CAUSAL, BLOCK_N, HEAD_D, NUM_BUF, num_warps)),
+        (_dq_producer, (k_desc, v_desc, k_ring, v_ring, ready, free, bh // GROUP, n_tile, BLOCK_N, NUM_BUF)),
+    ], [num_warps, 1], [CONSUMER_REGS, 24])
+
+
+def dq_delta(q, k, v, o, do, lse, delta, dq, causal, scale):
+    """Write dQ (q's shape and dtype) and delta = rowsum(dO * O) ([B, H, N] fp32) of
+    attention of q [B, H, N, D] over k, v [B, H_KV, N, D], given o, do (q's shape) and the
+    forward's lse [B, H, N] fp32 (natural log). All contiguous, 16-byte aligned, fp16 or
+    bf16, D = 128, B * H * N < 2^31: `flash_backward.gluon_backward_takes` checks that."""
+    B, H, N, D = q.shape
+    block_n = DQ_BLOCK_N
+    rows = ROWS.value
+    grid = ((N + 2 * rows - 1) // (2 * rows), B * H)
+    bwd_dq_kernel[grid](descriptor(q, rows), descriptor(k, block_n), descriptor(v, block_n), descriptor(do, rows),
+                        descriptor(dq, rows), o, do, lse, delta, N, H // k.shape[1], scale, scale * LOG2E,
+                        block_n, D, NUM_BUF, bool(causal), num_warps=4)

@@ -641,7 +641,7 @@ def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
 
 def gluon_takes(q, k, v, head_dims=GLUON_HEAD_DIMS):
     """Whether the Gluon kernel runs this forward (with other head_dims: whether the
-    backward's Gluon kernel may run, `flash_backward.gluon_dkdv_takes`): a Hopper GPU
+    backward's Gluon kernels may run, `flash_backward.gluon_backward_takes`): a Hopper GPU
     (compute capability 9.x) with Triton 3.6, fp16/bf16, a head dim in head_dims, as many
     keys as queries (its causal mask is the square one), and q, k, v contiguous
     [B, H, N, D] (its descriptors see [B * H, N, D]) on 16-byte boundaries. Everything

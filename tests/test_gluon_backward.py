@@ -1,5 +1,5 @@
-"""The backward's Gluon dK/dV kernel (solutions/flash_gluon_backward.py): where it runs,
-and what it computes. Triton's interpreter has no Gluon, so its results are checked on a
+"""The backward's Gluon kernels (solutions/flash_gluon_backward.py: dK/dV, and dQ at
+D = 128): where they run, and what they compute. Triton's interpreter has no Gluon, so its results are checked on a
 Hopper GPU with Triton 3.6 only; which inputs it takes is checked everywhere.
 """
 import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is imported)
@@ -18,7 +18,7 @@ on_hopper = pytest.mark.skipif(not HOPPER, reason="Gluon runs on a Hopper GPU wi
                                                   "(no interpreter)")
 
 
-def test_gluon_dkdv_takes_only_what_its_kernel_reads(monkeypatch):
+def test_gluon_backward_takes_only_what_its_kernels_read(monkeypatch):
     monkeypatch.setattr(flash_tuned, "INTERPRET", False)
     monkeypatch.setattr(flash_tuned, "TRY_GLUON", True)
     monkeypatch.setattr(flash_tuned, "_capability", lambda device: (9, 0))
@@ -27,13 +27,13 @@ def test_gluon_dkdv_takes_only_what_its_kernel_reads(monkeypatch):
     def takes(B=2, H=16, Hkv=8, N=4096, D=128, dtype=torch.float16, layout="bhnd", offset=0):
         q, k, v = (OnHopper(t.to(dtype), offset)
                    for t in make_qkv(B, H, Hkv, N, N, D, torch.float32, layout))
-        return flash_backward.gluon_dkdv_takes(q, k, v)
+        return flash_backward.gluon_backward_takes(q, k, v)
 
     assert takes() and takes(D=64) and takes(dtype=torch.bfloat16) and takes(Hkv=16)
     assert not takes(D=96) and not takes(dtype=torch.float32)
     assert not takes(layout="bnhd") and not takes(offset=2)  # descriptors over [B*H, N, D], TMA's alignment
     assert not takes(N=1024, D=64, B=1)  # too little work: the host's launch time bounds the step
-    monkeypatch.setattr(flash_backward, "GLUON_DKDV_MIN_WORK", 0)
+    monkeypatch.setattr(flash_backward, "GLUON_BACKWARD_MIN_WORK", 0)
     assert takes(N=77, D=64, B=1)
     monkeypatch.setattr(flash_tuned, "_capability", lambda device: (8, 0))
     assert not takes()                                # no TMA or wgmma before Hopper
@@ -44,19 +44,22 @@ def test_gluon_dkdv_takes_only_what_its_kernel_reads(monkeypatch):
 
 @pytest.fixture
 def gluon_calls(monkeypatch):
-    """Every shape runs the Gluon dK/dV kernel (the work threshold off); returns the list
-    of its launches, so a test can see that it ran."""
+    """Every shape runs the Gluon kernels (the work threshold off); returns the list of
+    their launches ("dq", "dkdv"), so a test can see which ran."""
     from solutions import flash_gluon_backward
     calls = []
-    dkdv = flash_gluon_backward.dkdv
-
-    def counted(q, *args):
-        calls.append(tuple(q.shape))
-        return dkdv(q, *args)
-
-    monkeypatch.setattr(flash_backward, "GLUON_DKDV_MIN_WORK", 0)
-    monkeypatch.setattr(flash_gluon_backward, "dkdv", counted)
+    for name, kernel in (("dq", "dq_delta"), ("dkdv", "dkdv")):
+        def counted(*args, name=name, launch=getattr(flash_gluon_backward, kernel)):
+            calls.append(name)
+            return launch(*args)
+        monkeypatch.setattr(flash_gluon_backward, kernel, counted)
+    monkeypatch.setattr(flash_backward, "GLUON_BACKWARD_MIN_WORK", 0)
     return calls
+
+
+def launches(D):
+    """The Gluon kernels that one backward at head dim D launches."""
+    return ["dq", "dkdv"] if D in flash_backward.GLUON_DQ_HEAD_DIMS else ["dkdv"]
 
 
 # One query block and several; ragged lengths (rows past N: lse = +inf in the kernel);
@@ -68,19 +71,19 @@ LENGTHS = (1, 77, 128, 200, 383, 640, 1000)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gluon_dkdv_matches_float64(gluon_calls, causal, D, dtype):
+def test_gluon_backward_matches_float64(gluon_calls, causal, D, dtype):
     for N in LENGTHS:  # 4 query heads on 2 K/V heads: each K/V head sums two heads' blocks
         q, k, v = make_qkv(2, 4, 2, N, N, D, dtype, seed=N * 5 + D + causal)
         do = torch.randn_like(q)
         _, *grads = run_backward(q, k, v, do, causal, fused=False)
         _, *refs = reference(q, k, v, do, causal)
         check_grads(grads, refs, dtype, f"N={N} D={D} causal={causal}")
-    assert len(gluon_calls) == len(LENGTHS)
+    assert gluon_calls == launches(D) * len(LENGTHS)
 
 
 @on_hopper
 @pytest.mark.parametrize("kind", ["extreme", "big_v"])
-def test_gluon_dkdv_extreme_values_and_a_given_scale(gluon_calls, kind):
+def test_gluon_backward_extreme_values_and_a_given_scale(gluon_calls, kind):
     """Module 05's extreme inputs (rows of scores shifted by +-s, s = 256 in bf16; V about
     +-2000), with the default scale and a caller's. With "extreme", dQ is not compared:
     its first column is s times sum_j dS_ij, which is 0 exactly (softmax's gradient sums
@@ -99,7 +102,7 @@ def test_gluon_dkdv_extreme_values_and_a_given_scale(gluon_calls, kind):
                     atol, rtol = tolerances(torch.bfloat16, want)
                     assert_close(got, want, name=f"{name} [{kind} causal={causal} scale={scale}]",
                                  atol=atol, rtol=rtol, quiet=True)
-    assert len(gluon_calls) == 4
+    assert gluon_calls == launches(128) * 4
 
 
 @on_hopper
@@ -120,4 +123,5 @@ def test_gluon_backward_file_imports_without_a_gpu():
     from solutions import flash_gluon_backward
     from triton.experimental.gluon._runtime import GluonJITFunction
     assert isinstance(flash_gluon_backward.bwd_dkdv_kernel, GluonJITFunction)
+    assert isinstance(flash_gluon_backward.bwd_dq_kernel, GluonJITFunction)
     assert flash_gluon_backward.KEYS.value * 2 == flash_gluon_backward.BLOCK_N.value  # two consumers
