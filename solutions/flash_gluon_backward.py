@@ -114,6 +114,32 @@ def _producer(q_desc, do_desc, LSE, DELTA, q_ring, do_ring, lse_ring, delta_ring
 
 
 @gluon.jit
+def _s_and_dp(a_s, b_s, a_dp, b_dp, s_layout: gl.constexpr):
+    """The scores a_s b_s and dP = a_dp b_dp issued together (not awaited; they complete
+    in order), fp32 in s_layout. Both kernels' steps start so (dK/dV: S^T = K Q^T,
+    dP^T = V dO^T; dQ: S = Q K^T, dP = dO V^T)."""
+    shape: gl.constexpr = [a_s.shape[0], b_s.shape[1]]
+    s = warpgroup_mma(a_s, b_s, gl.zeros(shape, gl.float32, s_layout), use_acc=False, is_async=True)
+    dp = warpgroup_mma(a_dp, b_dp, gl.zeros(shape, gl.float32, s_layout), use_acc=False, is_async=True)
+    return s, dp
+
+
+@gluon.jit
+def _barriers(NUM_BUF: gl.constexpr, READY: gl.constexpr):
+    """Both kernels' barriers: one per consumer for the tiles it loads once (one arrival),
+    and the ring's, per slot: ready (READY arrivals) and free (one from each consumer)."""
+    own = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(own.index(i), count=1)
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.init(ready.index(i), count=READY)
+        mbarrier.init(free.index(i), count=2)
+    return own, ready, free
+
+
+@gluon.jit
 def _skip(t, ready, free, NUM_BUF: gl.constexpr):
     """Position t, which this consumer does not need (causal: rows before its keys):
     wait for it (so that the free arrival counts for this round), then free it."""
@@ -137,10 +163,7 @@ def _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free,
     mbarrier.wait(ready.index(slot), phase=(t // NUM_BUF) & 1)
     q = q_ring.index(slot).reshape([BLOCK_M, HEAD_D])
     do = do_ring.index(slot).reshape([BLOCK_M, HEAD_D])
-    s = warpgroup_mma(k_tile, q.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
-                      use_acc=False, is_async=True)
-    dp = warpgroup_mma(v_tile, do.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
-                       use_acc=False, is_async=True)
+    s, dp = _s_and_dp(k_tile, q.permute((1, 0)), v_tile, do.permute((1, 0)), s_layout)
     if AFTER:  # in order: the previous block's dV and dK, then S^T; dP^T may still run
         s, dk, dv = warpgroup_mma_wait(num_outstanding=1, deps=(s, dk, dv))
         mbarrier.arrive(free.index((t + NUM_BUF - 1) % NUM_BUF))
@@ -260,14 +283,7 @@ def bwd_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELT
     row_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # as the barriers: indexed to 1-D rows
     lse_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], row_smem)
     delta_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], row_smem)
-    kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(kv_bars.index(i), count=1)
-    for i in gl.static_range(NUM_BUF):
-        mbarrier.init(ready.index(i), count=2)  # the TMA's arrival and the producer's
-        mbarrier.init(free.index(i), count=2)  # both consumers free a slot
+    kv_bars, ready, free = _barriers(NUM_BUF, 2)  # ready: the TMA's arrival and the producer's
 
     gl.warp_specialize([
         (_consumer, (k_desc, v_desc, dk_desc, dv_desc, k_smem.index(0), v_smem.index(0), kv_bars.index(0),
@@ -330,10 +346,7 @@ def _dq_step(j, q_t, do_t, k_ring, v_ring, ready, free, dq, lse2, delta, q_start
     mbarrier.wait(ready.index(slot), phase=(j // NUM_BUF) & 1)
     k = k_ring.index(slot).reshape([BLOCK_N, HEAD_D])
     v = v_ring.index(slot).reshape([BLOCK_N, HEAD_D])
-    s = warpgroup_mma(q_t, k.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                      use_acc=False, is_async=True)
-    dp = warpgroup_mma(do_t, v.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                       use_acc=False, is_async=True)
+    s, dp = _s_and_dp(q_t, k.permute((1, 0)), do_t, v.permute((1, 0)), s_layout)
     if AFTER:  # in order: the previous block's dQ, then S; dP may still run
         s, dq = warpgroup_mma_wait(num_outstanding=1, deps=(s, dq))
         mbarrier.arrive(free.index((j + NUM_BUF - 1) % NUM_BUF))
@@ -456,14 +469,7 @@ def bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, O, DO, LSE, DELTA, N
     do_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_D], do_desc.layout)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_BUF, 1, BLOCK_N, HEAD_D], k_desc.layout)
     v_ring = gl.allocate_shared_memory(dtype, [NUM_BUF, 1, BLOCK_N, HEAD_D], v_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(NUM_BUF):
-        mbarrier.init(ready.index(i), count=1)  # the producer's expect; the bytes of K and V
-        mbarrier.init(free.index(i), count=2)   # both consumers free a slot
+    q_bars, ready, free = _barriers(NUM_BUF, 1)  # ready: the producer's expect, with K's and V's bytes
 
     gl.warp_specialize([
         (_dq_consumer, (q_desc, do_desc, dq_desc, O, DO, LSE, DELTA, q_smem.index(0), do_smem.index(0),
