@@ -2,8 +2,8 @@
 
 `flash_tuned.flash_attention_forward` runs it where `flash_tuned.gluon_takes` says (an
 H100/H200, Triton 3.6, fp16/bf16, head dim 128, Nq == Nk, contiguous [B, H, N, D]), and
-its Triton kernel everywhere else. On the H100 at D = 128 it read 1.0-1.35x cuDNN
-(PERF.md 3n, 3o): Triton's compiler did not overlap the softmax with the matrix
+its Triton kernel everywhere else. On the H100 at D = 128 it read 0.92-1.15x cuDNN
+(PERF.md 3n, 3o, 3p): Triton's compiler did not overlap the softmax with the matrix
 products; here the schedule is written out.
 
 The schedule (FlashAttention-3's, on Hopper's asynchronous units):

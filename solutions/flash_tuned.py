@@ -26,8 +26,8 @@ What it adds to the teaching kernel, and why:
 - On Hopper with Triton 3.6, fp16/bf16 at D = 128 with contiguous inputs and N_Q = N_K
   (`gluon_takes`), the forward runs `solutions/flash_gluon.py` instead: the same
   algorithm in Gluon, with the softmax overlapped with the matrix products, which this
-  file's kernel cannot get from Triton's compiler, on a persistent grid (1.1-1.4x it,
-  PERF.md 3n, 3o).
+  file's kernel cannot get from Triton's compiler, on a persistent grid (1.06-1.39x it,
+  PERF.md 3n, 3o, 3p).
 `flash_attention_forward` is what the backward's autograd Function calls.
 """
 import functools
