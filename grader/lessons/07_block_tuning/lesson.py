@@ -671,9 +671,13 @@ plt.show()
 #    and which warps do what are written by hand. One warp streams `K` and `V` blocks into
 #    two shared-memory buffers; two warpgroups of 64 query rows each issue block `j`'s
 #    scores and block `j - 1`'s `P V` together, wait for the scores only, and run the
-#    softmax under `P V`. Steps 2 and 3 still hold (only the 128 x 128 diagonal block is
-#    masked; the longest programs run first). It runs at 1.04-1.25x the Triton kernel, and
-#    0.97-1.11x cuDNN at `N` >= 4096 (H100). Other head dims, strided inputs and other GPUs
+#    softmax under `P V`. Step 2 still holds (only the 128 x 128 diagonal block is
+#    masked). One more change: a persistent grid. At `N = 1024` each 128-row tile is
+#    short, and its start (loading `Q`) and end (storing `O`) were exposed; now one program
+#    per SM walks many tiles, loading the next tile's `Q`, `K` and `V` while it finishes
+#    this one, and takes causal tiles in pairs (a head's longest with its shortest), so
+#    every program gets the same work (step 3's aim). It runs at 1.06-1.39x the Triton
+#    kernel, and 0.92-1.15x cuDNN (H100). Other head dims, strided inputs and other GPUs
 #    keep the Triton kernel.
 #
 # Tried without gain: Triton 3.6's warp specialization with plain pointer loads (402 against
