@@ -598,18 +598,20 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     else:
         # The dQ kernel also stores delta (the preprocessing), then dK/dV reads it.
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-        gluon = config is None and gluon_backward_takes(q, k, v)
-        if gluon:
-            from solutions import flash_gluon_backward  # imported here: the interpreter has no Gluon
-        if gluon and D in GLUON_DQ_HEAD_DIMS:
-            flash_gluon_backward.dq_delta(q, k, v, o, do, lse, delta, dq, causal, scale)
-        else:
-            launch(bwd_dq_kernel, _dq_tuned, "dq",
-                   lambda c: (flash_tuned.cdiv(Nq, c["BLOCK_M"]), B * H),
+
+        def launch_dq():
+            launch(bwd_dq_kernel, _dq_tuned, "dq", lambda c: (flash_tuned.cdiv(Nq, c["BLOCK_M"]), B * H),
                    q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
-        if gluon:
-            flash_gluon_backward.dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)
+
+        if config is None and gluon_backward_takes(q, k, v):
+            from solutions import flash_gluon_backward as gb  # imported here: the interpreter has no Gluon
+            if D in GLUON_DQ_HEAD_DIMS:
+                gb.dq_delta(q, k, v, o, do, lse, delta, dq, causal, scale)
+            else:
+                launch_dq()
+            gb.dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)
         else:
+            launch_dq()
             launch_dkdv(dq)
     return dq, dk, dv
 

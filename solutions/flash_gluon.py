@@ -45,7 +45,7 @@ GL_DTYPES = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}
 
 
 @gluon.jit
-def _wait_after(x, deps):
+def wait_after(x, deps):
     """warpgroup_mma_wait(0) that ptxas cannot move ahead of the work that computes x:
     the wait is predicated on x's bits (never all ones), and a branch bounds the
     scheduler. Unpredicated, ptxas hoisted the wait for P V above the softmax that is
@@ -126,7 +126,7 @@ def _step(j, base, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, m_i
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    l_i, acc = _wait_after(l_i, (acc, ))
+    l_i, acc = wait_after(l_i, (acc, ))
     mbarrier.arrive(v_free.index(prev))
     p16 = gl.convert_layout(p.to(dtype), p_layout)
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]

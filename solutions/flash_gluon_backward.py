@@ -29,7 +29,7 @@ The schedule (the forward's, flash_gluon.py, turned around):
   S^T and dP^T; the second waits for all of them (ptxas serializes every wgmma if one
   stays in flight across a loop's back edge, see `_step`). A slot is freed once the
   products that read it have completed.
-- No wait needs the forward's predicated `_wait_after`: each wait follows the issue of a
+- No wait needs the forward's predicated `wait_after`: each wait follows the issue of a
   product that consumes the work before it (P^T feeds dV, dS^T feeds dK), so ptxas cannot
   hoist it above that work (the SASS has the exponentials between `DEPBAR.LE gsb0, 0x1`
   and the dV products).
@@ -59,7 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from solutions.flash_forward import LOG2E
-from solutions.flash_gluon import _wait_after, descriptor
+from solutions.flash_gluon import descriptor, wait_after
 
 LOG2E_C = gl.constexpr(LOG2E)  # the same constant, usable inside kernels
 
@@ -361,9 +361,9 @@ def _dq_step(j, q_t, do_t, k_ring, v_ring, ready, free, dq, lse2, delta, q_start
             keep = keep & (cols[None, :] <= rows[:, None])
         x = gl.where(keep, x, float("-inf"))
     p = gl.exp2(x)
-    # the wait for dP predicated (flash_gluon.py's `_wait_after`): unpredicated, ptxas
+    # the wait for dP predicated (flash_gluon.py's `wait_after`): unpredicated, ptxas
     # hoisted it above all but 2-16 of the block's exponentials (sm_90a SASS)
-    delta, dp = _wait_after(delta, (dp, ))
+    delta, dp = wait_after(delta, (dp, ))
     ds = p * (dp - delta[:, None])
     dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), ds_layout), k, dq, is_async=True)
     if not BEFORE:

@@ -12,10 +12,7 @@ from course.testing import assert_close
 from solutions import flash_backward, flash_tuned
 from tests.test_backward_kernels import check_grads, reference, run_backward, tolerances
 from tests.test_forward_kernels import make_qkv
-from tests.test_gluon_forward import HOPPER, OnHopper
-
-on_hopper = pytest.mark.skipif(not HOPPER, reason="Gluon runs on a Hopper GPU with Triton 3.6 "
-                                                  "(no interpreter)")
+from tests.test_gluon_forward import OnHopper, on_hopper
 
 
 def test_gluon_backward_takes_only_what_its_kernels_read(monkeypatch):
