@@ -30,12 +30,14 @@ The schedule (FlashAttention-3's, on Hopper's asynchronous units):
 - Grouped-query heads: query head bh reads K/V head bh // GROUP.
 """
 import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from solutions.flash_forward import LOG2E
+from solutions.flash_tuned import cuda_context_on_this_thread
 
 BLOCK_M = 64   # query rows per consumer warpgroup (a wgmma's M is 64 per warpgroup)
 BLOCK_N = 128  # keys per block: with 2 * BLOCK_M query rows, causal programs meet one diagonal block
@@ -352,15 +354,23 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N, GROUP, BH, qk_scale,
     ], [num_warps, 1], [CONSUMER_REGS, 24])
 
 
+_LAYOUTS = {}  # (block, dtype) -> its shared-memory layout
+
+
 def descriptor(t, rows):
     """A TMA descriptor over t [B, heads, N, D] (contiguous) viewed as [B * heads, N, D],
     in [1, rows, D] blocks: each head's rows end at N, so TMA zero-fills reads past it and
-    drops writes past it."""
+    drops writes past it. Host time matters (a training step makes 15 of these; PERF.md
+    3r): the layout is made once per block and dtype, and shape and strides are given
+    rather than read from a view."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    N, D = t.shape[2], t.shape[3]
-    block = [1, rows, D]
-    return TensorDescriptor.from_tensor(t.view(-1, N, D), block,
-                                        gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[str(t.dtype)]))
+    B, H, N, D = t.shape
+    block = (1, rows, D)
+    layout = _LAYOUTS.get((block, t.dtype))
+    if layout is None:
+        layout = _LAYOUTS[(block, t.dtype)] = gl.NVMMASharedLayout.get_default_for(
+            list(block), GL_DTYPES[str(t.dtype)])
+    return TensorDescriptor(t, [B * H, N, D], [N * D, D, 1], list(block), layout)
 
 
 _SM_COUNT = {}
@@ -371,9 +381,43 @@ def sm_count(device):
     index = device.index if device.index is not None else 0
     n = _SM_COUNT.get(index)
     if n is None:
-        import torch
         n = _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return n
+
+
+_COMPILED = {}  # (kernel, grid, what Triton specializes on) -> the compiled kernel
+_COMPILED_MAX = 4096  # entries: one per shape launched; cleared when full (a new JIT call refills)
+
+
+def _specialization(arg):
+    """What of a kernel argument decides which compiled kernel runs it: a descriptor's
+    dtype, tiles and layout (its base, shape and strides are run-time values), a tensor's
+    dtype and 16-byte alignment, any other value as it is (ints are specialized on
+    being 1 or multiples of 16; equal values get the same)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if hasattr(arg, "block_shape"):
+        return arg.base.dtype, tuple(arg.block_shape), id(arg.layout)  # layouts live in _LAYOUTS
+    return arg
+
+
+def launch(kernel, device, grid, *args, **constexprs):
+    """kernel[grid](*args, **constexprs), in less host time after the first launch of the
+    same specialization: that first launch goes through Triton's JIT, which returns the
+    compiled kernel; later ones call it directly (`CompiledKernel[grid]`), skipping the
+    JIT's argument binding and specialization. Those cost ~30-50 us of a Gluon launch
+    with six descriptors, and a training step at N = 1024 is bound by its host time
+    (PERF.md 3r). Arguments in the kernel's order: `args` first, then `constexprs`."""
+    cuda_context_on_this_thread(device)
+    key = (kernel, grid, tuple(map(_specialization, args)), tuple(constexprs.items()))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        _COMPILED[key] = kernel[grid](*args, **constexprs)
+        return
+    names = kernel.arg_names[len(args):]
+    compiled[grid + (1,) * (3 - len(grid))](*args, *(constexprs[n] for n in names))
 
 
 def n_units(BH, N, causal):
@@ -392,6 +436,6 @@ def forward(q, k, v, o, lse, causal, scale, programs=None):
     B, H, N, D = q.shape
     BH = B * H
     grid = (min(n_units(BH, N, causal), programs or sm_count(q.device)), )
-    attn_fwd_kernel[grid](descriptor(q, BLOCK_M), descriptor(k, BLOCK_N), descriptor(v, BLOCK_N),
-                          descriptor(o, BLOCK_M), lse, N, H // k.shape[1], BH, scale * LOG2E,
-                          BLOCK_M, BLOCK_N, D, NUM_BUF=NUM_BUF, CAUSAL=bool(causal), num_warps=4)
+    launch(attn_fwd_kernel, q.device, grid, descriptor(q, BLOCK_M), descriptor(k, BLOCK_N), descriptor(v, BLOCK_N),
+           descriptor(o, BLOCK_M), lse, N, H // k.shape[1], BH, scale * LOG2E,
+           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=D, num_warps=4, NUM_BUF=NUM_BUF, CAUSAL=bool(causal))

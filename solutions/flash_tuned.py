@@ -33,6 +33,7 @@ What it adds to the teaching kernel, and why:
 import functools
 import os
 import statistics
+import threading
 
 import course  # noqa: F401  (chooses GPU or interpreter before triton is imported)
 import torch
@@ -291,6 +292,24 @@ def _scratch_allocator():
     from triton.runtime import _allocation
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(_scratch)
+
+
+_THREAD = threading.local()  # .devices: the device indices whose context this thread has made current
+
+
+def cuda_context_on_this_thread(device):
+    """Make `device`'s CUDA context current on this thread (once per thread and device).
+    Triton 3.6 encodes a launch's host-made TMA descriptors before its launcher makes the
+    context current, and on a thread that has not called CUDA yet that fails ("Failed to
+    create tensor map descriptor: invalid device context"): autograd's backward thread,
+    or any new thread, when the caching allocator serves every buffer (PERF.md 3r). A
+    stream query is a CUDA runtime call, which makes the context current."""
+    devices = getattr(_THREAD, "devices", None)
+    if devices is None:
+        devices = _THREAD.devices = set()
+    if device.index not in devices:
+        torch.cuda.current_stream(device).query()
+        devices.add(device.index)
 
 
 def _descriptors(q, k, v, v_t, blocks):
@@ -615,6 +634,7 @@ def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
     tma_ok = block_d2 == 0 and block_d == D and _tma_ok(q, k, v, v_t)
     if tma_ok and not INTERPRET:
         _scratch_allocator()
+        cuda_context_on_this_thread(q.device)
     key = key + (block_d2, tma_ok)
     # Descriptors only for configs that read them: each costs host time at every launch.
     chosen = _CHOSEN.get((flash_attention_fwd_kernel, key))

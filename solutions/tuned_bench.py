@@ -23,10 +23,10 @@ Sections (H = 16, B * N = 16384, N in 1024 / 4096 / 16384, causal or not):
          FlashAttention-2 and cuDNN backends.
 - train: forward+backward at D = 64 / 128, fp16 and bf16: ours, FA2, cuDNN, and (fp16)
          the tutorial's own forward+backward, without and with warp specialization.
-- small: the N = 1024, D = 64 training step (fwd+bwd) that the host's launch time
-         bounds: ours, FA2 and (fp16) the tutorial, `--reps` times each in one process,
-         eager and (not the tutorial) CUDA graph, with the spread; and the host time of
-         one step.
+- small: the N = 1024 training steps (fwd+bwd, D = 64 / 128) that the host's launch
+         time can bound: ours, FA2, cuDNN and (fp16) the tutorial, `--reps` times each in
+         one process, eager and (not the tutorial) CUDA graph, with the spread; and the
+         host time of one step.
 The tutorial is not part of this repository: pass the path of a copy of it (a module
 with `forward(q, k, v, causal, sm_scale, warp_specialize)` returning its forward's output,
 `train(...)` the same through its autograd Function, and its kernel `_attn_fwd`);
@@ -180,9 +180,10 @@ def train_cases():
 
 
 def small_cases():
-    for dtype in (torch.bfloat16, torch.float16):
-        for causal in (False, True):
-            yield dict(section="small", dtype=dtype, D=64, N=1024, causal=causal)
+    for D in (64, 128):
+        for dtype in (torch.bfloat16, torch.float16):
+            for causal in (False, True):
+                yield dict(section="small", dtype=dtype, D=D, N=1024, causal=causal)
 
 
 # Small shapes with ragged lengths, GQA, a [B, N, H, D] layout: (kind, B, H, Hkv, Nq, Nk,
@@ -476,14 +477,22 @@ def run_check(case):
                  status="ok" if ok else "WRONG")]
 
 
+def _graph_ms_or_nan(fn, grads):
+    try:
+        return _graph_ms(fn, grads, rep=REP_MS)
+    except RuntimeError:  # a step that cannot be captured: its eager figures stand alone
+        torch.cuda.synchronize()
+        return float("nan")
+
+
 def run_small(case, reps):
     q, k, v = (t.to(case["dtype"]).requires_grad_(True) for t in _inputs(case))
     c = case["causal"]
     do = torch.randn_like(q)
     grads = [q, k, v]
     flops = _flops(q.shape[0], case["N"], case["D"], c, True)
-    # ours, (fp16) the tutorial's step without warp specialization, and FA2
-    steps = {n: s for n, s in _train_impls(case, q, k, v).items() if n in ("ours", "tut", "FA2")}
+    # ours, (fp16) the tutorial's step without warp specialization, FA2 and cuDNN
+    steps = {n: s for n, s in _train_impls(case, q, k, v).items() if n in ("ours", "tut", "FA2", "cuDNN")}
     fns = {name: (lambda s=s: s(do)) for name, s in steps.items()}
     # check once against SDPA's default backend
     o = F.scaled_dot_product_attention(q, k, v, is_causal=c)
@@ -509,7 +518,7 @@ def run_small(case, reps):
         for name, fn in fns.items():
             eager[name].append(_ms(fn))
             # the tutorial's step is timed eagerly only (its autotuner is not meant for capture)
-            graph[name].append(_graph_ms(fn, grads, rep=REP_MS) if name != "tut" else float("nan"))
+            graph[name].append(_graph_ms_or_nan(fn, grads) if name != "tut" else float("nan"))
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(20):
@@ -519,15 +528,17 @@ def run_small(case, reps):
     for name in fns:
         r = [eager["FA2"][i] / eager[name][i] for i in range(reps)]
         gr = [graph["FA2"][i] / graph[name][i] for i in range(reps)]
-        vs_tut = ""
-        if name == "ours" and "tut" in fns:
-            vs_tut = " | tut/X " + " ".join(f"{eager['tut'][i] / eager[name][i]:.2f}" for i in range(reps))
+        vs_others = ""
+        if name == "ours":
+            for other in ("cuDNN", "tut"):
+                if other in fns:
+                    vs_others += f" | {other}/X " + " ".join(f"{eager[other][i] / eager[name][i]:.2f}" for i in range(reps))
         err = errs.get(name, 0.0)
         rows.append(_row(case, "fwd+bwd", name, ms=f"{statistics.median(eager[name]):.4f}",
                          tflops=f"{flops / statistics.median(eager[name]) / 1e9:.1f}",
                          err=f"{err:.2e}" if name in errs else "",
                          config=(" ".join(f"{x:.2f}" for x in r) + " | graph " + " ".join(f"{x:.2f}" for x in gr)
-                                 + " | host ms " + " ".join(f"{x:.3f}" for x in host[name]) + vs_tut),
+                                 + " | host ms " + " ".join(f"{x:.3f}" for x in host[name]) + vs_others),
                          status="ok" if err < 2e-2 else f"WRONG {err:.2g}"))
     return rows
 
@@ -678,7 +689,7 @@ def print_tables(all_rows):
         elif section == "check":
             extra = " | rel. L2 error | FP8: same for P rounded in PyTorch | case, lse max error, config"
         else:
-            extra = " | eager ratios FA2/X per rep | graph | host ms per step"
+            extra = " | eager ratios FA2/X per rep | graph | host ms per step | cuDNN/X | tut/X"
         head = f"{'dtype':8} {'D':>3} {'N':>5} c | " + " ".join(f"{i[:11]:>11}" for i in impls) + extra
         print(head)
         print("-" * len(head))

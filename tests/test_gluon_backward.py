@@ -119,6 +119,45 @@ def test_backward_runs_gluon_only_where_it_takes_the_inputs(gluon_calls):
         check_grads(grads, refs, torch.float16, layout)
 
 
+@on_hopper
+def test_a_new_thread_runs_the_forward_and_the_backward(gluon_calls):
+    """A thread that has not called CUDA yet has no current CUDA context, and Triton 3.6
+    encodes host-made TMA descriptors before its launcher makes one current: there the
+    Gluon kernels (and the Triton forward's descriptor configs) failed with "invalid
+    device context" while the caching allocator served every buffer (no CUDA call on the
+    thread before the launch). Autograd's backward thread is such a thread. Each call
+    runs first on this thread (buffers cached), then on a new one."""
+    import threading
+    q, k, v = make_qkv(2, 4, 2, 300, 300, 128, torch.float16, seed=4)
+    do = torch.randn_like(q)
+    q64, k64, v64 = (t[..., :64].contiguous() for t in (q, k, v))
+
+    def work():
+        o, lse = flash_tuned.flash_attention_forward(q, k, v, causal=True)
+        grads = flash_backward.flash_attention_backward(q, k, v, o, lse, do, causal=True)
+        o64, _ = flash_tuned.flash_attention_forward(q64, k64, v64, causal=True)
+        return o.cpu(), [g.cpu() for g in grads], o64.cpu()  # the GPU buffers go back to the cache
+
+    expected = work()
+    got = []
+
+    def on_a_new_thread():
+        try:
+            got.append(work())
+        except Exception as e:  # raised again below, on the test's thread
+            got.append(e)
+
+    thread = threading.Thread(target=on_a_new_thread)
+    thread.start()
+    thread.join()
+    if isinstance(got[0], Exception):
+        raise got[0]
+    o, grads, o64 = got[0]
+    assert torch.equal(o, expected[0]) and torch.equal(o64, expected[2])
+    assert all(torch.equal(g, e) for g, e in zip(grads, expected[1]))
+    assert gluon_calls == launches(128) * 2
+
+
 def test_gluon_backward_file_imports_without_a_gpu():
     """The backward imports it only on the Hopper path, but it must stay importable with
     any Triton here."""

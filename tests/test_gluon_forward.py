@@ -151,6 +151,34 @@ def test_training_through_the_gluon_forward(dtype, causal):
     check_grads((q.grad, k.grad, v.grad), refs, dtype, f"gluon forward {dtype} causal={causal}")
 
 
+@on_hopper
+def test_launches_after_the_first_skip_the_jit_and_match_it(monkeypatch):
+    """`flash_gluon.launch`: the first launch of a specialization goes through Triton's
+    JIT, later ones call the compiled kernel it returned. Each direct launch writes what
+    the JIT launch wrote, bit for bit, also after other shapes ran in between; shapes
+    that Triton specializes apart (N = 1 is a constant, N = 128 a multiple of 16) get
+    their own JIT launch."""
+    from solutions import flash_gluon
+    runs = []
+    jit_run = flash_gluon.attn_fwd_kernel.run
+    monkeypatch.setattr(flash_gluon.attn_fwd_kernel, "run",
+                        lambda *a, **kw: runs.append(1) or jit_run(*a, **kw))
+    monkeypatch.setattr(flash_gluon, "_COMPILED", {})
+    cases = [(N, causal, dtype) for N in (1, 77, 128) for causal in (False, True)
+             for dtype in (torch.float16, torch.bfloat16)]
+    first = {}
+    for case in cases + cases:  # the second round: every launch direct
+        N, causal, dtype = case
+        q, k, v = make_qkv(2, 4, 2, N, N, 128, dtype, seed=N)
+        o, lse = gluon_forward(q, k, v, causal)
+        if case not in first:
+            check(o, lse, q, k, v, causal, label=f"N={N} causal={causal} {dtype}")
+            first[case] = o, lse
+        else:
+            assert torch.equal(o, first[case][0]) and torch.equal(lse, first[case][1]), case
+    assert len(runs) == len(cases) == len(flash_gluon._COMPILED)
+
+
 def test_gluon_file_imports_without_a_gpu():
     """The tuned forward imports it only on the Hopper path, but it must stay importable
     (docs, the benchmark's workers) with any Triton here."""
