@@ -632,9 +632,9 @@ def gluon_backward_takes(q, k, v):
     (Hopper, Triton 3.6, fp16/bf16, N_Q == N_K, contiguous, aligned) at a head dim of
     GLUON_BACKWARD_HEAD_DIMS, enough work, and fewer than 2^31 rows of lse (the kernels
     index them with 32-bit offsets)."""
-    B, H, N, D = q.shape
-    return (flash_tuned.gluon_takes(q, k, v, GLUON_BACKWARD_HEAD_DIMS)
-            and B * H * N * N * D >= GLUON_BACKWARD_MIN_WORK and B * H * N < 2 ** 31)
+    B, H, N, D = q.shape  # the work first: the cheapest test, and the one short steps fail
+    return (B * H * N * N * D >= GLUON_BACKWARD_MIN_WORK and B * H * N < 2 ** 31
+            and flash_tuned.gluon_takes(q, k, v, GLUON_BACKWARD_HEAD_DIMS))
 
 
 class TunedAttentionFunction(torch.autograd.Function):

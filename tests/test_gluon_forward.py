@@ -155,9 +155,9 @@ def test_training_through_the_gluon_forward(dtype, causal):
 def test_launches_after_the_first_skip_the_jit_and_match_it(monkeypatch):
     """`flash_gluon.launch`: the first launch of a specialization goes through Triton's
     JIT, later ones call the compiled kernel it returned. Each direct launch writes what
-    the JIT launch wrote, bit for bit, also after other shapes ran in between; shapes
-    that Triton specializes apart (N = 1 is a constant, N = 128 a multiple of 16) get
-    their own JIT launch."""
+    the JIT launch wrote, bit for bit, also after other shapes ran in between; each new
+    shape or dtype has its own first launch through the JIT (the key holds every
+    argument's value exactly, so it also tells apart what Triton specializes on)."""
     from solutions import flash_gluon
     runs = []
     jit_run = flash_gluon.attn_fwd_kernel.run
