@@ -603,7 +603,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
             launch(bwd_dq_kernel, _dq_tuned, "dq", lambda c: (flash_tuned.cdiv(Nq, c["BLOCK_M"]), B * H),
                    q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
 
-        if config is None and gluon_backward_takes(q, k, v):
+        if config is None and gluon_backward_takes(q, k, v, scale):
             from solutions import flash_gluon_backward as gb  # imported here: the interpreter has no Gluon
             if D in GLUON_DQ_HEAD_DIMS:
                 gb.dq_delta(q, k, v, o, do, lse, delta, dq, causal, scale)
@@ -627,13 +627,15 @@ GLUON_DQ_HEAD_DIMS = (128,)
 GLUON_BACKWARD_MIN_WORK = 2 ** 35
 
 
-def gluon_backward_takes(q, k, v):
+def gluon_backward_takes(q, k, v, scale):
     """Whether the unfused backward runs its Gluon kernels: the Gluon forward's conditions
     (Hopper, Triton 3.6, fp16/bf16, N_Q == N_K, contiguous, aligned) at a head dim of
-    GLUON_BACKWARD_HEAD_DIMS, enough work, and fewer than 2^31 rows of lse (the kernels
-    index them with 32-bit offsets)."""
+    GLUON_BACKWARD_HEAD_DIMS, enough work, fewer than 2^31 rows of lse (the kernels
+    index them with 32-bit offsets), and a scale of at least 2^-100 in magnitude: the
+    dK/dV kernel at D = 128 starts its scores from lse / scale (its IN_ORDER steps), which
+    a scale of 0 (or one so small that lse / scale overflows) would break."""
     B, H, N, D = q.shape  # the work first: the cheapest test, and the one short steps fail
-    return (B * H * N * N * D >= GLUON_BACKWARD_MIN_WORK and B * H * N < 2 ** 31
+    return (B * H * N * N * D >= GLUON_BACKWARD_MIN_WORK and B * H * N < 2 ** 31 and abs(scale) >= 2.0 ** -100
             and flash_tuned.gluon_takes(q, k, v, GLUON_BACKWARD_HEAD_DIMS))
 
 

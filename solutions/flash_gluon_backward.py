@@ -65,17 +65,20 @@ LOG2E_C = gl.constexpr(LOG2E)  # the same constant, usable inside kernels
 
 BLOCK_N = gl.constexpr(128)  # keys per program: two consumer warpgroups of 64
 KEYS = gl.constexpr(64)      # keys per consumer warpgroup (a wgmma's M per warpgroup)
-# Query rows per ring slot, per head dim: the largest without spills. At D = 128, 64 rows
-# spill 8-24 bytes outside the loop (ptxas -v, sm_90a).
-BLOCK_M = {64: 64, 128: 32}
-# Ring slots: a block's products take ~0.5-1 us, about a TMA's latency, so 3 slots keep
-# the producer two blocks ahead (at D = 128, 2 slots with paired blocks spill).
-NUM_BUF = 3
+# Per head dim: query rows per ring slot, ring slots, and whether a step runs its products
+# in order (`_step`'s IN_ORDER). At D = 128, 64-row blocks spill unless in order, and in
+# order they read 1.04-1.14x the 32-row blocks with S^T and dP^T issued together, 2 slots
+# 0.98-1.04x 3 (PERF.md 3s). At D = 64: 3 slots keep the producer two blocks ahead of
+# products that take ~0.5-1 us, about a TMA's latency.
+BLOCK_M = {64: 64, 128: 64}
+NUM_BUF = {64: 3, 128: 2}
+IN_ORDER = {64: False, 128: True}
 # The dQ kernel (D = 128): query rows per consumer warpgroup (a wgmma's M), and keys per
 # ring block: 128 spilled 268-440 bytes and serialized the wgmma (live at a pair's peak:
-# dQ [64, D] and dS in flight, S and dP [64, DQ_BLOCK_N], all fp32 but dS). NUM_BUF slots.
+# dQ [64, D] and dS in flight, S and dP [64, DQ_BLOCK_N], all fp32 but dS); ring slots.
 ROWS = gl.constexpr(64)
 DQ_BLOCK_N = 64
+DQ_NUM_BUF = 3
 # Registers per thread of the worker consumer; Triton gives the default (first) partition
 # what is left of 3 x 168 (the launch's share of 64K over 12 warps): 504 - 240 - 24 = 240.
 CONSUMER_REGS = gl.constexpr(240)
@@ -83,9 +86,9 @@ CONSUMER_REGS = gl.constexpr(240)
 
 @gluon.jit
 def _producer(q_desc, do_desc, LSE, DELTA, q_ring, do_ring, lse_ring, delta_ring, ready, free, kv_bh, GROUP, lo_blk,
-              n_blk, N, BLOCK_M: gl.constexpr, NUM_BUF: gl.constexpr):
-    """(Q_i, dO_i, lse_i, delta_i) of blocks lo_blk .. n_blk - 1 of each query head of the
-    group into the ring, position t into slot t % NUM_BUF once both consumers freed its
+              n_blk, N, lse_mult, BLOCK_M: gl.constexpr, NUM_BUF: gl.constexpr):
+    """(Q_i, dO_i, lse_i * lse_mult, delta_i) of blocks lo_blk .. n_blk - 1 of each query
+    head of the group into the ring, position t into slot t % NUM_BUF once both consumers freed its
     previous round (a fresh barrier passes a wait for parity 1: the first round waits for
     nothing). A slot is ready after two arrivals: the TMA's (with its bytes) and this
     warp's, after it stored lse and delta."""
@@ -101,7 +104,7 @@ def _producer(q_desc, do_desc, LSE, DELTA, q_ring, do_ring, lse_ring, delta_ring
             offs = bh * N + rows  # 32-bit offsets (the host checks B * H * N < 2^31): fewer registers in this warp
             # Rows past N: lse = +inf makes P^T = exp2(-inf) = 0 there (their Q and dO
             # rows are TMA's zeros), so the ragged last block needs no mask.
-            lse2 = gl.load(LSE + offs, mask=rows < N, other=float("inf")) * LOG2E_C
+            lse2 = gl.load(LSE + offs, mask=rows < N, other=float("inf")) * lse_mult
             delta = gl.load(DELTA + offs, mask=rows < N, other=0.0)
             mbarrier.wait(free.index(slot), phase=((t // NUM_BUF) & 1) ^ 1)
             mbarrier.expect(ready.index(slot), 2 * q_desc.block_type.nbytes)
@@ -148,14 +151,29 @@ def _skip(t, ready, free, NUM_BUF: gl.constexpr):
 
 
 @gluon.jit
+def _rows_start(rows, KEYS: gl.constexpr, BLOCK_M: gl.constexpr, s_layout: gl.constexpr):
+    """An accumulator's start in IN_ORDER steps: minus a slot's row values, along the keys."""
+    return gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout) - rows.load(gl.SliceLayout(0, s_layout))[None, :]
+
+
+@gluon.jit
 def _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv, qk_scale,
-          DIAG: gl.constexpr, BLOCK_M: gl.constexpr, NUM_BUF: gl.constexpr, s_layout: gl.constexpr,
-          p_layout: gl.constexpr, AFTER: gl.constexpr = False, BEFORE: gl.constexpr = False):
+          DIAG: gl.constexpr, BLOCK_M: gl.constexpr, NUM_BUF: gl.constexpr, IN_ORDER: gl.constexpr,
+          s_layout: gl.constexpr, p_layout: gl.constexpr, AFTER: gl.constexpr = False,
+          BEFORE: gl.constexpr = False):
     """Position t of the ring: adds its block's part into dK and dV (K and V tiles in
     shared memory, the products' A operand). DIAG >= 0: the block crosses this
     consumer's diagonal (causal) and starts DIAG rows after its first key; -1: no mask.
     BEFORE: returns with its dK and dV products still running (and its slot not freed),
-    for the next step, called with AFTER, to retire them with its S^T."""
+    for the next step, called with AFTER, to retire them with its S^T.
+    IN_ORDER (the fewest live registers, what lets 64-row blocks fit at D = 128): S^T
+    alone, then P^T, then dP^T with dV, so S^T's and dP^T's fp32 tiles are never live
+    together (P^T's exponentials no longer run under this warpgroup's dP^T; the other
+    warpgroup's products fill the tensor cores). S^T's accumulator starts at -lse / scale
+    and dP^T's at -delta (the slot holds lse / scale), so the products give
+    (S - lse) / scale and dP - delta, and the rows' lse and delta need no registers
+    beside the tiles; dS^T takes P^T as rounded for dV, whose fp32 registers are then
+    free before dP^T's wait."""
     dtype: gl.constexpr = q_ring.dtype
     HEAD_D: gl.constexpr = q_ring.shape[3]
     cols: gl.constexpr = gl.SliceLayout(0, s_layout)  # query rows run along the columns
@@ -163,24 +181,38 @@ def _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free,
     mbarrier.wait(ready.index(slot), phase=(t // NUM_BUF) & 1)
     q = q_ring.index(slot).reshape([BLOCK_M, HEAD_D])
     do = do_ring.index(slot).reshape([BLOCK_M, HEAD_D])
-    s, dp = _s_and_dp(k_tile, q.permute((1, 0)), v_tile, do.permute((1, 0)), s_layout)
-    if AFTER:  # in order: the previous block's dV and dK, then S^T; dP^T may still run
-        s, dk, dv = warpgroup_mma_wait(num_outstanding=1, deps=(s, dk, dv))
-        mbarrier.arrive(free.index((t + NUM_BUF - 1) % NUM_BUF))
+    if IN_ORDER:
+        s = warpgroup_mma(k_tile, q.permute((1, 0)), _rows_start(lse_ring.index(slot), KEYS, BLOCK_M, s_layout),
+                          is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        x = s * qk_scale  # (K Q^T - lse / scale) * scale * log2(e)
     else:
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # dP^T may still run
-    # lse and delta from shared memory just before their use: as loads into registers
-    # at the top of the step they held 2 * BLOCK_M / 4 registers across the products.
-    x = s * qk_scale - lse_ring.index(slot).load(cols)[None, :]  # lse * log2(e), stored so
+        s, dp = _s_and_dp(k_tile, q.permute((1, 0)), v_tile, do.permute((1, 0)), s_layout)
+        if AFTER:  # in order: the previous block's dV and dK, then S^T; dP^T may still run
+            s, dk, dv = warpgroup_mma_wait(num_outstanding=1, deps=(s, dk, dv))
+            mbarrier.arrive(free.index((t + NUM_BUF - 1) % NUM_BUF))
+        else:
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # dP^T may still run
+        # lse and delta from shared memory just before their use: as loads into registers
+        # at the top of the step they held 2 * BLOCK_M / 4 registers across the products.
+        x = s * qk_scale - lse_ring.index(slot).load(cols)[None, :]  # lse * log2(e), stored so
     if DIAG >= 0:  # query row i sees keys j <= i: m0 + c >= k0 + r, m0 = k0 + DIAG
         c = gl.arange(0, BLOCK_M, layout=cols) + DIAG
         r = gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
         x = gl.where(c[None, :] >= r[:, None], x, float("-inf"))
     p = gl.exp2(x)
     p16 = gl.convert_layout(p.to(dtype), p_layout)
-    dv = warpgroup_mma(p16, do, dv, is_async=True)
-    dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp, ))  # dV may still run
-    ds = p * (dp - delta_ring.index(slot).load(cols)[None, :])
+    if IN_ORDER:
+        p = gl.convert_layout(p16, s_layout).to(gl.float32)
+        dp = warpgroup_mma(v_tile, do.permute((1, 0)), _rows_start(delta_ring.index(slot), KEYS, BLOCK_M, s_layout),
+                           is_async=True)
+        dv = warpgroup_mma(p16, do, dv, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp, ))  # dV may still run
+        ds = p * dp  # dp holds dP^T - delta
+    else:
+        dv = warpgroup_mma(p16, do, dv, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp, ))  # dV may still run
+        ds = p * (dp - delta_ring.index(slot).load(cols)[None, :])
     dk = warpgroup_mma(gl.convert_layout(ds.to(dtype), p_layout), q, dk, is_async=True)
     # No product stays in flight across a loop's back edge: that made ptxas serialize every
     # wgmma of the kernel (its advisory C7512, "insufficient register resources", at any
@@ -195,9 +227,10 @@ def _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free,
 def _consumer(k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, lse_ring, delta_ring, ready,
               free, kv_bh, GROUP, k0, lo_blk, n_blk, N, sm_scale, qk_scale,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr,
-              num_warps: gl.constexpr):
-    """One warpgroup: dK and dV of keys k0 .. k0 + 63 of K/V head kv_bh, over the ring's
-    blocks lo_blk .. n_blk - 1 of each query head of the group."""
+              IN_ORDER: gl.constexpr, WG: gl.constexpr, num_warps: gl.constexpr):
+    """One warpgroup (WG 0 or 1 of the program, k0 = n0 + 64 WG): dK and dV of keys
+    k0 .. k0 + 63 of K/V head kv_bh, over the ring's blocks lo_blk .. n_blk - 1 of each
+    query head of the group."""
     dtype: gl.constexpr = k_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -215,7 +248,10 @@ def _consumer(k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, kv_bar, q_ring, 
     # these keys; the 64 rows from k0 cross the diagonal.
     nb = n_blk - lo_blk
     if CAUSAL:
-        n_skip = gl.minimum((k0 - lo_blk * BLOCK_M) // BLOCK_M, nb)
+        # k0 - lo_blk * BLOCK_M = 64 WG (n0 is a multiple of 128): the skip count is a
+        # constant but at the sequence's end, fewer live scalars than computing it from k0
+        # (at D = 128 those spilled around the loops).
+        n_skip = gl.minimum(nb, WG * KEYS // BLOCK_M)
         n_mask = gl.minimum(KEYS // BLOCK_M, nb - n_skip)
     else:
         n_skip = 0
@@ -225,8 +261,11 @@ def _consumer(k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, kv_bar, q_ring, 
     mbarrier.wait(kv_bar, phase=0)
     dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
     dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
-    t = 0
     for g in range(GROUP):
+        # The ring position from g rather than carried across heads, and k0, kv_bh from the
+        # program id again at the end: fewer scalars live around the loops (at D = 128
+        # they spilled 24 bytes with GROUP a run-time value).
+        t = g * nb
         if CAUSAL:
             for i in range(n_skip):
                 _skip(t, ready, free, NUM_BUF)
@@ -236,20 +275,25 @@ def _consumer(k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, kv_bar, q_ring, 
             for i in gl.static_range(KEYS // BLOCK_M):
                 if i < n_mask:
                     dk, dv = _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
-                                   qk_scale, i * BLOCK_M, BLOCK_M, NUM_BUF, s_layout, p_layout)
+                                   qk_scale, i * BLOCK_M, BLOCK_M, NUM_BUF, IN_ORDER, s_layout, p_layout)
                     t += 1
-        # the plain blocks two by two: the first one's dK, dV run under the second's start
-        for i in range(n_plain // 2):
+        if IN_ORDER:
+            n_single = n_plain
+        else:  # the plain blocks two by two: the first one's dK, dV run under the second's start
+            for i in range(n_plain // 2):
+                dk, dv = _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
+                               qk_scale, -1, BLOCK_M, NUM_BUF, IN_ORDER, s_layout, p_layout, False, True)
+                dk, dv = _step(t + 1, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
+                               qk_scale, -1, BLOCK_M, NUM_BUF, IN_ORDER, s_layout, p_layout, True, False)
+                t += 2
+            n_single = n_plain % 2
+        for i in range(n_single):
             dk, dv = _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
-                           qk_scale, -1, BLOCK_M, NUM_BUF, s_layout, p_layout, False, True)
-            dk, dv = _step(t + 1, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
-                           qk_scale, -1, BLOCK_M, NUM_BUF, s_layout, p_layout, True, False)
-            t += 2
-        for i in range(n_plain % 2):
-            dk, dv = _step(t, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ready, free, dk, dv,
-                           qk_scale, -1, BLOCK_M, NUM_BUF, s_layout, p_layout)
+                           qk_scale, -1, BLOCK_M, NUM_BUF, IN_ORDER, s_layout, p_layout)
             t += 1
 
+    k0 = gl.program_id(0) * BLOCK_N + WG * KEYS
+    kv_bh = gl.program_id(1)
     if k0 < N:  # rows past N are dropped by the store; a block wholly past N is not stored
         # K's and V's buffers stage dK and dV: every product that read them has completed.
         k_tile.store((dk * sm_scale).to(dtype))  # dK = scale * dS^T Q
@@ -263,8 +307,8 @@ def _consumer(k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, kv_bar, q_ring, 
 # N is not specialized (flash_gluon.py: a constant 1 folds the loop bounds away).
 @gluon.jit(do_not_specialize=["N"])
 def bwd_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELTA, N, GROUP, sm_scale, qk_scale,
-                    BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr,
-                    num_warps: gl.constexpr):
+                    lse_mult, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr,
+                    CAUSAL: gl.constexpr, IN_ORDER: gl.constexpr, num_warps: gl.constexpr):
     """Program (j, kv_bh): dK and dV of keys [128 j, 128 (j + 1)) of K/V head kv_bh of
     [B * H_KV, N, D]; two consumer warpgroups of 64 keys and a producer warp."""
     dtype: gl.constexpr = q_desc.dtype
@@ -289,13 +333,13 @@ def bwd_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, LSE, DELT
         (_consumer, (k_desc, v_desc, dk_desc, dv_desc, k_smem.index(0), v_smem.index(0), kv_bars.index(0),
                      q_ring, do_ring, lse_ring, delta_ring, ready, free, kv_bh, GROUP, n0, lo_blk, n_blk, N, sm_scale,
                      qk_scale,
-                     CAUSAL, BLOCK_M, HEAD_D, NUM_BUF, num_warps)),
+                     CAUSAL, BLOCK_M, HEAD_D, NUM_BUF, IN_ORDER, 0, num_warps)),
         (_consumer, (k_desc, v_desc, dk_desc, dv_desc, k_smem.index(1), v_smem.index(1), kv_bars.index(1),
                      q_ring, do_ring, lse_ring, delta_ring, ready, free, kv_bh, GROUP, n0 + KEYS, lo_blk, n_blk, N,
                      sm_scale, qk_scale,
-                     CAUSAL, BLOCK_M, HEAD_D, NUM_BUF, num_warps)),
+                     CAUSAL, BLOCK_M, HEAD_D, NUM_BUF, IN_ORDER, 1, num_warps)),
         (_producer, (q_desc, do_desc, LSE, DELTA, q_ring, do_ring, lse_ring, delta_ring, ready, free, kv_bh, GROUP,
-                     lo_blk, n_blk, N, BLOCK_M, NUM_BUF)),
+                     lo_blk, n_blk, N, lse_mult, BLOCK_M, NUM_BUF)),
     ], [num_warps, 1], [CONSUMER_REGS, 24])
 
 
@@ -309,9 +353,11 @@ def dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale):
     block_m = BLOCK_M[D]
     grid = ((N + BLOCK_N.value - 1) // BLOCK_N.value, B * H_KV)
     keys = KEYS.value
+    in_order = IN_ORDER[D]
     launch(bwd_dkdv_kernel, q.device, grid, descriptor(q, block_m), descriptor(do, block_m), descriptor(k, keys),
            descriptor(v, keys), descriptor(dk, keys), descriptor(dv, keys), lse, delta, N, H // H_KV, scale,
-           scale * LOG2E, BLOCK_M=block_m, HEAD_D=D, NUM_BUF=NUM_BUF, CAUSAL=bool(causal), num_warps=4)
+           scale * LOG2E, 1.0 / scale if in_order else LOG2E,  # the ring's lse: see _step
+           BLOCK_M=block_m, HEAD_D=D, NUM_BUF=NUM_BUF[D], CAUSAL=bool(causal), IN_ORDER=in_order, num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------
@@ -493,4 +539,4 @@ def dq_delta(q, k, v, o, do, lse, delta, dq, causal, scale):
     grid = ((N + 2 * rows - 1) // (2 * rows), B * H)
     launch(bwd_dq_kernel, q.device, grid, descriptor(q, rows), descriptor(k, block_n), descriptor(v, block_n),
            descriptor(do, rows), descriptor(dq, rows), o, do, lse, delta, N, H // k.shape[1], scale, scale * LOG2E,
-           BLOCK_N=block_n, HEAD_D=D, NUM_BUF=NUM_BUF, CAUSAL=bool(causal), num_warps=4)
+           BLOCK_N=block_n, HEAD_D=D, NUM_BUF=DQ_NUM_BUF, CAUSAL=bool(causal), num_warps=4)

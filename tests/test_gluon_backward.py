@@ -21,14 +21,16 @@ def test_gluon_backward_takes_only_what_its_kernels_read(monkeypatch):
     monkeypatch.setattr(flash_tuned, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(triton, "__version__", "3.6.0")
 
-    def takes(B=2, H=16, Hkv=8, N=4096, D=128, dtype=torch.float16, layout="bhnd", offset=0):
+    def takes(B=2, H=16, Hkv=8, N=4096, D=128, dtype=torch.float16, layout="bhnd", offset=0, scale=0.1):
         q, k, v = (OnHopper(t.to(dtype), offset)
                    for t in make_qkv(B, H, Hkv, N, N, D, torch.float32, layout))
-        return flash_backward.gluon_backward_takes(q, k, v)
+        return flash_backward.gluon_backward_takes(q, k, v, scale)
 
     assert takes() and takes(D=64) and takes(dtype=torch.bfloat16) and takes(Hkv=16)
     assert not takes(D=96) and not takes(dtype=torch.float32)
     assert not takes(layout="bnhd") and not takes(offset=2)  # descriptors over [B*H, N, D], TMA's alignment
+    assert takes(scale=-0.1) and takes(scale=2.0 ** -100)
+    assert not takes(scale=0.0) and not takes(scale=1e-35)   # dK/dV at D = 128 divides lse by the scale
     assert not takes(N=1024, D=64, B=1)  # too little work: the host's launch time bounds the step
     monkeypatch.setattr(flash_backward, "GLUON_BACKWARD_MIN_WORK", 0)
     assert takes(N=77, D=64, B=1)
