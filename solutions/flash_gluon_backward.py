@@ -6,7 +6,7 @@ D = 64 or 128, N_Q == N_K, contiguous [B, H, N, D] tensors on 16-byte boundaries
 work that the launch's host time does not bound the step): dQ first (it also stores
 delta = rowsum(dO * O)), at D = 128 only (at D = 64 it read 0.86-1.10x the Triton one),
 then dK/dV. On the H100 the backward read 1.04-1.13x the all-Triton one at D = 128
-(PERF.md 3p).
+(PERF.md 3p), and the dK/dV kernel's in-order steps at D = 128 gained 4-14% more (3s).
 
 Notation as in solutions/flash_backward.py: S = scale * Q K^T, P = exp(S - lse),
 dV = P^T dO, dP = dO V^T, dS = P * (dP - delta), dK = scale * dS^T Q. The kernel works on
@@ -18,17 +18,21 @@ The schedule (the forward's, flash_gluon.py, turned around):
   independent (each waits and signals on its own, so one runs its exponentials while the
   other's products run), and one producer warp. K and V stay in shared memory.
 - The producer streams (Q_i, dO_i) blocks of BLOCK_M query rows by TMA into a ring of
-  NUM_BUF slots, with the rows' lse * log2(e) and delta (plain loads, stored into the
-  slot by the producer warp), over the GROUP query heads that share the K/V head, in
+  NUM_BUF slots, with the rows' lse (times log2(e), or over the scale at D = 128) and
+  delta (plain loads, stored into the slot by the producer warp), over the GROUP query heads that share the K/V head, in
   order. A slot's ready barrier takes two arrivals (the TMA's, with its bytes, and the
   producer's after its stores); its free barrier takes one from each consumer.
-- Per block a consumer issues S^T = K Q^T and dP^T = V dO^T together, waits for S^T only,
-  computes P^T while dP^T runs, issues dV += P^T dO, waits for dP^T, computes dS^T while
-  dV runs, issues dK += dS^T Q. The blocks without masks go two by two: the first one's
-  dV and dK products keep running while the second waits for its slot and issues its
-  S^T and dP^T; the second waits for all of them (ptxas serializes every wgmma if one
-  stays in flight across a loop's back edge, see `_step`). A slot is freed once the
-  products that read it have completed.
+- At D = 64, per block a consumer issues S^T = K Q^T and dP^T = V dO^T together, waits
+  for S^T only, computes P^T while dP^T runs, issues dV += P^T dO, waits for dP^T,
+  computes dS^T while dV runs, issues dK += dS^T Q. The blocks without masks go two by
+  two: the first one's dV and dK products keep running while the second waits for its
+  slot and issues its S^T and dP^T; the second waits for all of them (ptxas serializes
+  every wgmma if one stays in flight across a loop's back edge, see `_step`).
+- At D = 128 the steps run in order (`_step`'s IN_ORDER), one block at a time: S^T, then
+  P^T, then dP^T with dV. Fewer tiles are live at once, so the blocks can have 64 query
+  rows (with S^T and dP^T together, 64 rows spilled and 32-row blocks were slower); the
+  other warpgroup's products keep the tensor cores busy while this one computes.
+- A slot is freed once the products that read it have completed.
 - No wait needs the forward's predicated `wait_after`: each wait follows the issue of a
   product that consumes the work before it (P^T feeds dV, dS^T feeds dK), so ptxas cannot
   hoist it above that work (the SASS has the exponentials between `DEPBAR.LE gsb0, 0x1`
