@@ -385,7 +385,7 @@ def sm_count(device):
     return n
 
 
-_COMPILED = {}  # (kernel, grid, what Triton specializes on) -> the compiled kernel
+_COMPILED = {}  # (kernel, device, grid, what Triton specializes on) -> the compiled kernel
 _COMPILED_MAX = 4096  # entries: one per shape launched; cleared when full (a new JIT call refills)
 
 
@@ -409,7 +409,8 @@ def launch(kernel, device, grid, *args, **constexprs):
     with six descriptors, and a training step at N = 1024 is bound by its host time
     (PERF.md 3r). Arguments in the kernel's order: `args` first, then `constexprs`."""
     cuda_context_on_this_thread(device)
-    key = (kernel, grid, tuple(map(_specialization, args)), tuple(constexprs.items()))
+    # the device too: a compiled kernel's function handle belongs to one device's context
+    key = (kernel, device.index, grid, tuple(map(_specialization, args)), tuple(constexprs.items()))
     compiled = _COMPILED.get(key)
     if compiled is None:
         if len(_COMPILED) >= _COMPILED_MAX:
