@@ -360,9 +360,11 @@ _LAYOUTS = {}  # (block, dtype) -> its shared-memory layout
 def descriptor(t, rows):
     """A TMA descriptor over t [B, heads, N, D] (contiguous) viewed as [B * heads, N, D],
     in [1, rows, D] blocks: each head's rows end at N, so TMA zero-fills reads past it and
-    drops writes past it. Host time matters (a training step makes 15 of these; PERF.md
-    3r): the layout is made once per block and dtype, and shape and strides are given
-    rather than read from a view."""
+    drops writes past it. Host time matters: a training step makes 15 of these, and at
+    N = 1024 the step is bound by its host time (PERF.md 3r). So the layout is made once
+    per block and dtype, and the fields are set directly: Triton's constructor checks
+    them at every call (alignment, strides, block shape), which `gluon_takes` has checked
+    for q, k, v, and the other tensors are buffers the wrappers made."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     B, H, N, D = t.shape
     block = (1, rows, D)
@@ -370,7 +372,10 @@ def descriptor(t, rows):
     if layout is None:
         layout = _LAYOUTS[(block, t.dtype)] = gl.NVMMASharedLayout.get_default_for(
             list(block), GL_DTYPES[str(t.dtype)])
-    return TensorDescriptor(t, [B * H, N, D], [N * D, D, 1], list(block), layout)
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape = t, [B * H, N, D], [N * D, D, 1], list(block)
+    desc.layout, desc.padding = layout, "zero"
+    return desc
 
 
 _SM_COUNT = {}

@@ -179,6 +179,31 @@ def test_launches_after_the_first_skip_the_jit_and_match_it(monkeypatch):
     assert len(runs) == len(cases) == len(flash_gluon._COMPILED)
 
 
+@pytest.mark.skipif(not triton.__version__.startswith(flash_tuned.GLUON_TRITON),
+                    reason="the Gluon path's Triton (its descriptor's fields change between releases)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_descriptor_is_the_one_tritons_constructor_makes(dtype):
+    """`flash_gluon.descriptor` sets a TensorDescriptor's fields without Triton's checks
+    (host time): every field as `TensorDescriptor.from_tensor` over the [B * H, N, D]
+    view sets it, and Triton's checks pass on them."""
+    import dataclasses
+    from solutions import flash_gluon
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    for rows, D in ((32, 64), (64, 128), (128, 128)):
+        t = torch.empty(3, 5, 77, D, dtype=dtype)
+        ours = flash_gluon.descriptor(t, rows)
+        block = [1, rows, D]
+        theirs = TensorDescriptor.from_tensor(t.view(-1, 77, D), block, flash_gluon.gl.NVMMASharedLayout.get_default_for(
+            block, flash_gluon.GL_DTYPES[str(dtype)]))
+        for field in dataclasses.fields(TensorDescriptor):
+            a, b = getattr(ours, field.name), getattr(theirs, field.name)
+            if field.name == "base":
+                assert a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
+            else:
+                assert list(a) == list(b) if field.name in ("shape", "strides", "block_shape") else a == b, field.name
+        TensorDescriptor(ours.base, ours.shape, ours.strides, ours.block_shape, ours.layout)  # its checks
+
+
 def test_launch_calls_the_jit_once_per_specialization_and_device(monkeypatch):
     """`flash_gluon.launch`'s bookkeeping, with a stand-in kernel (no GPU here): the first
     launch of each (device, grid, arguments) goes through the JIT; a repeat calls the
