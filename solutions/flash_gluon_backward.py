@@ -19,8 +19,8 @@ The schedule (the forward's, flash_gluon.py, turned around):
   other's products run), and one producer warp. K and V stay in shared memory.
 - The producer streams (Q_i, dO_i) blocks of BLOCK_M query rows by TMA into a ring of
   NUM_BUF slots, with the rows' lse (times log2(e), or over the scale at D = 128) and
-  delta (plain loads, stored into the slot by the producer warp), over the GROUP query heads that share the K/V head, in
-  order. A slot's ready barrier takes two arrivals (the TMA's, with its bytes, and the
+  delta (plain loads, stored into the slot by the producer warp), over the GROUP query
+  heads that share the K/V head, in order. A slot's ready barrier takes two arrivals (the TMA's, with its bytes, and the
   producer's after its stores); its free barrier takes one from each consumer.
 - At D = 64, per block a consumer issues S^T = K Q^T and dP^T = V dO^T together, waits
   for S^T only, computes P^T while dP^T runs, issues dV += P^T dO, waits for dP^T,
@@ -72,7 +72,7 @@ KEYS = gl.constexpr(64)      # keys per consumer warpgroup (a wgmma's M per warp
 # Per head dim: query rows per ring slot, ring slots, and whether a step runs its products
 # in order (`_step`'s IN_ORDER). At D = 128, 64-row blocks spill unless in order, and in
 # order they read 1.04-1.14x the 32-row blocks with S^T and dP^T issued together, 2 slots
-# 0.98-1.04x 3 (PERF.md 3s). At D = 64: 3 slots keep the producer two blocks ahead of
+# 0.98-1.06x 3 (PERF.md 3s). At D = 64: 3 slots keep the producer two blocks ahead of
 # products that take ~0.5-1 us, about a TMA's latency.
 BLOCK_M = {64: 64, 128: 64}
 NUM_BUF = {64: 3, 128: 2}
@@ -92,10 +92,10 @@ CONSUMER_REGS = gl.constexpr(240)
 def _producer(q_desc, do_desc, LSE, DELTA, q_ring, do_ring, lse_ring, delta_ring, ready, free, kv_bh, GROUP, lo_blk,
               n_blk, N, lse_mult, BLOCK_M: gl.constexpr, NUM_BUF: gl.constexpr):
     """(Q_i, dO_i, lse_i * lse_mult, delta_i) of blocks lo_blk .. n_blk - 1 of each query
-    head of the group into the ring, position t into slot t % NUM_BUF once both consumers freed its
-    previous round (a fresh barrier passes a wait for parity 1: the first round waits for
-    nothing). A slot is ready after two arrivals: the TMA's (with its bytes) and this
-    warp's, after it stored lse and delta."""
+    head of the group into the ring, position t into slot t % NUM_BUF once both consumers
+    freed its previous round (a fresh barrier passes a wait for parity 1: the first round
+    waits for nothing). A slot is ready after two arrivals: the TMA's (with its bytes)
+    and this warp's, after it stored lse and delta."""
     rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     t = 0
     for g in range(GROUP):

@@ -193,8 +193,8 @@ def test_descriptor_is_the_one_tritons_constructor_makes(dtype):
         t = torch.empty(3, 5, 77, D, dtype=dtype)
         ours = flash_gluon.descriptor(t, rows)
         block = [1, rows, D]
-        theirs = TensorDescriptor.from_tensor(t.view(-1, 77, D), block, flash_gluon.gl.NVMMASharedLayout.get_default_for(
-            block, flash_gluon.GL_DTYPES[str(dtype)]))
+        layout = flash_gluon.gl.NVMMASharedLayout.get_default_for(block, flash_gluon.GL_DTYPES[str(dtype)])
+        theirs = TensorDescriptor.from_tensor(t.view(-1, 77, D), block, layout)
         for field in dataclasses.fields(TensorDescriptor):
             a, b = getattr(ours, field.name), getattr(theirs, field.name)
             if field.name == "base":
