@@ -148,8 +148,9 @@ def _barriers(NUM_BUF: gl.constexpr, READY: gl.constexpr):
 
 @gluon.jit
 def _skip(t, ready, free, NUM_BUF: gl.constexpr):
-    """Position t, which this consumer does not need (causal: rows before its keys):
-    wait for it (so that the free arrival counts for this round), then free it."""
+    """Position t, which this consumer does not need (dK/dV, causal: rows before its keys;
+    dQ: blocks past its diagonal or its rows): wait for it (so that the free arrival
+    counts for this round), then free it."""
     mbarrier.wait(ready.index(t % NUM_BUF), phase=(t // NUM_BUF) & 1)
     mbarrier.arrive(free.index(t % NUM_BUF))
 
@@ -491,9 +492,8 @@ def _dq_consumer(q_desc, do_desc, dq_desc, O, DO, LSE, DELTA, q_smem, do_smem, q
         q_t.store((dq * sm_scale).to(dtype))  # dQ = scale * dS K
         fence_async_shared()
         tma.async_copy_shared_to_global(dq_desc, [bh, q_start, 0], q_smem)  # rows past N are dropped
-    for j in range(n_mine, n_tile):  # wait (so the arrival counts for this round), then free
-        mbarrier.wait(ready.index(j % NUM_BUF), phase=(j // NUM_BUF) & 1)
-        mbarrier.arrive(free.index(j % NUM_BUF))
+    for j in range(n_mine, n_tile):
+        _skip(j, ready, free, NUM_BUF)
     tma.store_wait(pendings=0)  # before the program ends and its shared memory goes
 
 
