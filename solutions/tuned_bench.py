@@ -477,14 +477,6 @@ def run_check(case):
                  status="ok" if ok else "WRONG")]
 
 
-def _graph_ms_or_nan(fn, grads):
-    try:
-        return _graph_ms(fn, grads, rep=REP_MS)
-    except RuntimeError:  # a step that cannot be captured: its eager figures stand alone
-        torch.cuda.synchronize()
-        return float("nan")
-
-
 def run_small(case, reps):
     q, k, v = (t.to(case["dtype"]).requires_grad_(True) for t in _inputs(case))
     c = case["causal"]
@@ -518,7 +510,7 @@ def run_small(case, reps):
         for name, fn in fns.items():
             eager[name].append(_ms(fn))
             # the tutorial's step is timed eagerly only (its autotuner is not meant for capture)
-            graph[name].append(_graph_ms_or_nan(fn, grads) if name != "tut" else float("nan"))
+            graph[name].append(_graph_ms(fn, grads, rep=REP_MS) if name != "tut" else float("nan"))
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(20):
