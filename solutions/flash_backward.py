@@ -621,7 +621,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
 # the Triton dQ kernel), for steps of at least this much work (B * H * N^2 * D): below it
 # (D = 64, N = 1024, B * H = 256) the eager training step is bound by the host's launch
 # time, and the Gluon launches' TMA descriptors cost more host time than their kernels
-# save (PERF.md 3p).
+# save (PERF.md 3p; measured before 3r made those launches cheaper, not measured since).
 GLUON_BACKWARD_HEAD_DIMS = (64, 128)
 GLUON_DQ_HEAD_DIMS = (128,)
 GLUON_BACKWARD_MIN_WORK = 2 ** 35
