@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from solutions.flash_forward import LOG2E
-from solutions.flash_tuned import cuda_context_on_this_thread
+from solutions.flash_tuned import launch_compiled
 
 BLOCK_M = 64   # query rows per consumer warpgroup (a wgmma's M is 64 per warpgroup)
 BLOCK_N = 128  # keys per block: with 2 * BLOCK_M query rows, causal programs meet one diagonal block
@@ -390,40 +390,11 @@ def sm_count(device):
     return n
 
 
-_COMPILED = {}  # (kernel, device, grid, what Triton specializes on) -> the compiled kernel
-_COMPILED_MAX = 4096  # entries: one per shape launched; cleared when full (a new JIT call refills)
-
-
-def _specialization(arg):
-    """What of a kernel argument decides which compiled kernel runs it: a descriptor's
-    dtype, tiles and layout (its base, shape and strides are run-time values), a tensor's
-    dtype and 16-byte alignment, any other value as it is (ints are specialized on
-    being 1 or multiples of 16; equal values get the same)."""
-    if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
-    if hasattr(arg, "block_shape"):
-        return arg.base.dtype, tuple(arg.block_shape), id(arg.layout)  # layouts live in _LAYOUTS
-    return arg
-
-
 def launch(kernel, device, grid, *args, **constexprs):
-    """kernel[grid](*args, **constexprs), in less host time after the first launch of the
-    same specialization: that first launch goes through Triton's JIT, which returns the
-    compiled kernel; later ones call it directly (`CompiledKernel[grid]`), skipping the
-    JIT's argument binding and specialization. Those cost ~30-50 us of a Gluon launch
-    with six descriptors, and a training step at N = 1024 is bound by its host time
-    (PERF.md 3r). Arguments in the kernel's order: `args` first, then `constexprs`."""
-    cuda_context_on_this_thread(device)
-    # the device too: a compiled kernel's function handle belongs to one device's context
-    key = (kernel, device.index, grid, tuple(map(_specialization, args)), tuple(constexprs.items()))
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        if len(_COMPILED) >= _COMPILED_MAX:
-            _COMPILED.clear()
-        _COMPILED[key] = kernel[grid](*args, **constexprs)
-        return
-    names = kernel.arg_names[len(args):]
-    compiled[grid + (1,) * (3 - len(grid))](*args, *(constexprs[n] for n in names))
+    """kernel[grid](*args, **constexprs) through `flash_tuned.launch_compiled` (the JIT
+    once per specialization, then the compiled kernel: a Gluon launch with six
+    descriptors took 71-81 us of host time through the JIT, PERF.md 3r)."""
+    launch_compiled(kernel, device, grid, args, constexprs)
 
 
 def n_units(BH, N, causal):

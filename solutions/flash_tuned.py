@@ -121,7 +121,10 @@ def launch_tuned(tuned, grid, key, *args, **kwargs):
         if chosen.pre_hook is not None:  # this call's arguments were made for any config
             chosen.pre_hook({**dict(zip(tuned.arg_names, args)), **kwargs, **chosen.all_kwargs()})
     LAST_CONFIG[0] = chosen
-    tuned.fn[grid](*args, **kwargs, **chosen.all_kwargs())
+    if INTERPRET:
+        tuned.fn[grid](*args, **kwargs, **chosen.all_kwargs())
+    else:
+        launch_compiled(tuned.fn, args[0].device, grid, args, {**kwargs, **chosen.all_kwargs()})
 
 
 AUTOTUNE_ROUNDS = 3  # the median of each config's times decides
@@ -310,6 +313,59 @@ def cuda_context_on_this_thread(device):
     if device.index not in devices:
         torch.cuda.current_stream(device).query()
         devices.add(device.index)
+
+
+_COMPILED = {}  # (kernel, device, what Triton specializes on) -> (compiled kernel, constexpr values)
+_COMPILED_MAX = 4096  # entries: one per shape launched; cleared when full (a new JIT call refills)
+
+
+def _specialization(arg):
+    """What of a kernel argument decides which compiled kernel runs it: a descriptor's
+    dtype, tiles and layout (its base, shape and strides are run-time values), a tensor's
+    dtype and 16-byte alignment, any other value as it is (ints are specialized on
+    being 1 or multiples of 16; equal values get the same)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if hasattr(arg, "block_shape"):  # Gluon's layouts are made once (flash_gluon.descriptor)
+        return arg.base.dtype, tuple(arg.block_shape), id(getattr(arg, "layout", None))
+    return arg
+
+
+def launch_compiled(kernel, device, grid, args, kwargs):
+    """kernel[grid](*args, **kwargs), in less host time after the first launch of the same
+    specialization: that first launch goes through Triton's JIT, which returns the
+    compiled kernel; later ones call it (`CompiledKernel[grid]`) with every argument in
+    the kernel's order, skipping the JIT's argument binding and specialization. Inside a
+    training step a JIT launch took ~100-140 us of host time, and at N = 1024 the step
+    is bound by its host time (PERF.md 3r, 3t). `kernel`: a JIT function, possibly under
+    `triton.heuristics` layers, whose values are computed at the first launch (they
+    depend on the key's values only); `grid`: a tuple, or a function of `kwargs`."""
+    cuda_context_on_this_thread(device)
+    # the device too: a compiled kernel's function handle belongs to one device's context
+    key = (kernel, device.index, tuple(map(_specialization, args)), tuple(kwargs.items()))
+    entry = _COMPILED.get(key)
+    shape = grid(kwargs) if callable(grid) else grid
+    if entry is None:
+        compiled = kernel[shape](*args, **kwargs)
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        _COMPILED[key] = compiled, _constexpr_values(kernel, args, kwargs)
+        return
+    compiled, tail = entry
+    compiled[shape + (1,) * (3 - len(shape))](*args, *tail)
+
+
+def _constexpr_values(kernel, args, kwargs):
+    """The values of the JIT function's parameters after `args`, as its JIT launch binds
+    them: from kwargs, the heuristics' values (outermost layer first, as Triton applies
+    them), else the parameter's default."""
+    named = {}
+    while not hasattr(kernel, "params"):  # triton.heuristics layers: .values, .fn
+        for name, heuristic in kernel.values.items():
+            named[name] = heuristic({**dict(zip(kernel.arg_names, args)), **kwargs, **named})
+        kernel = kernel.fn
+    named.update(kwargs)
+    return [named[p.name] if p.name in named else p.default for p in kernel.params[len(args):]]
 
 
 def _descriptors(q, k, v, v_t, blocks):

@@ -158,6 +158,85 @@ def test_teaching_kernel_block_sizes():
         assert_close(o, reference64(q, k, v, True)[0], quiet=True)
 
 
+def test_launch_compiled_calls_the_jit_once_per_specialization_and_device(monkeypatch):
+    """`flash_tuned.launch_compiled`'s bookkeeping, with a stand-in kernel (no GPU here):
+    the first launch of each (device, arguments, keywords) goes through the JIT; a repeat
+    calls the compiled kernel it returned, with the grid padded to three axes (a grid
+    function gets the keywords) and every parameter after the positional ones in the
+    kernel's order: from the keywords, a `triton.heuristics` layer's values, or the
+    parameter's default. Another device, dtype, value or keyword is another first launch."""
+    from types import SimpleNamespace
+    calls = []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("direct", grid, args))
+
+    class Kernel:  # a JIT function: params in order, with defaults
+        params = [SimpleNamespace(name=n, default=d) for n, d in
+                  (("x", None), ("n", None), ("A", None), ("EVEN", None), ("B", False), ("C", 5))]
+
+        def __getitem__(self, grid):
+            def jit(*args, **kwargs):
+                calls.append(("jit", grid, args, kwargs))
+                return Compiled()
+            return jit
+
+    class Heuristics:  # triton.heuristics over it: EVEN from n and A (no params of its own)
+        arg_names = ["x", "n"]
+        values = {"EVEN": lambda named: named["n"] % named["A"] == 0}
+        fn = Kernel()
+
+        def __getitem__(self, grid):
+            return self.fn[grid]
+
+    monkeypatch.setattr(flash_tuned, "_COMPILED", {})
+    monkeypatch.setattr(flash_tuned, "cuda_context_on_this_thread", lambda device: None)
+    kernel, x = Heuristics(), torch.zeros(4, dtype=torch.float16)
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    grid = lambda kw: (kw["A"] + 1,)  # noqa: E731
+    flash_tuned.launch_compiled(kernel, cuda0, grid, (x, 8), dict(B=True, A=2, num_warps=4))
+    flash_tuned.launch_compiled(kernel, cuda0, grid, (x, 8), dict(B=True, A=2, num_warps=4))
+    assert calls == [("jit", (3,), (x, 8), dict(B=True, A=2, num_warps=4)),
+                     ("direct", (3, 1, 1), (x, 8, 2, True, True, 5))]  # A, EVEN, B, C's default
+    for device, arg, n, a in ((cuda1, x, 8, 2), (cuda0, x.bfloat16(), 8, 2), (cuda0, x, 7, 2), (cuda0, x, 8, 3)):
+        calls.clear()
+        flash_tuned.launch_compiled(kernel, device, grid, (arg, n), dict(B=True, A=a, num_warps=4))
+        assert [c[0] for c in calls] == ["jit"], (device, arg.dtype, n, a)
+    calls.clear()
+    flash_tuned.launch_compiled(kernel, cuda0, grid, (x, 7), dict(B=True, A=2, num_warps=4))
+    assert calls == [("direct", (3, 1, 1), (x, 7, 2, False, True, 5))]  # 7 % 2: EVEN false
+    assert len(flash_tuned._COMPILED) == 5
+
+
+@pytest.mark.skipif(not GPU, reason="direct launches are the GPU's path (the interpreter runs the JIT)")
+@pytest.mark.parametrize("D", [64, 128, 160])
+def test_repeated_launches_match_the_first(monkeypatch, D):
+    """After a shape's first launch (Triton's JIT), `launch_compiled` calls the compiled
+    kernels directly: a second training step, and a forward after other shapes ran, give
+    the first one's outputs and gradients bit for bit (Triton kernels only: D = 128 with
+    the Gluon kernels off; the forward's `triton.heuristics` layer included)."""
+    from solutions import flash_backward
+    monkeypatch.setattr(flash_tuned, "TRY_GLUON", False)
+    monkeypatch.setattr(flash_tuned, "_COMPILED", {})
+    q, k, v = make_qkv(2, 4, 2, 300, 300, D, torch.float16, seed=D)
+    do = torch.randn_like(q)
+    runs = []
+    for _ in range(2):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        o, _ = flash_backward.flash_attention(*leaves, causal=True)
+        o.backward(do)
+        runs.append([o.detach()] + [t.grad for t in leaves])
+        flash_attention_forward(q[:, :, :77], k[:, :, :77], v[:, :, :77], causal=False)  # another shape between
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    from tests.test_backward_kernels import check_grads, reference  # (it imports this file)
+    _, *refs = reference(q, k, v, do, True)
+    check_grads(runs[1][1:], refs, torch.float16, f"D={D}, second step")
+    jit_entries = len(flash_tuned._COMPILED)
+    flash_attention_forward(q, k, v, causal=True)
+    assert len(flash_tuned._COMPILED) == jit_entries  # the repeat found its compiled kernel
+
+
 def test_launches_a_triton_kernel():
     q, k, v = make_qkv(1, 1, 1, 16, 16, 16, torch.float32)
     with count_launches(flash_attention_kernel) as n:

@@ -153,17 +153,18 @@ def test_training_through_the_gluon_forward(dtype, causal):
 
 @on_hopper
 def test_launches_after_the_first_skip_the_jit_and_match_it(monkeypatch):
-    """`flash_gluon.launch`: the first launch of a specialization goes through Triton's
-    JIT, later ones call the compiled kernel it returned. Each direct launch writes what
-    the JIT launch wrote, bit for bit, also after other shapes ran in between; each new
-    shape or dtype has its own first launch through the JIT (the key holds every
-    argument's value exactly, so it also tells apart what Triton specializes on)."""
+    """`flash_gluon.launch` (`flash_tuned.launch_compiled`): the first launch of a
+    specialization goes through Triton's JIT, later ones call the compiled kernel it
+    returned. Each direct launch writes what the JIT launch wrote, bit for bit, also
+    after other shapes ran in between; each new shape or dtype has its own first launch
+    through the JIT (the key holds every argument's value exactly, so it also tells apart
+    what Triton specializes on)."""
     from solutions import flash_gluon
     runs = []
     jit_run = flash_gluon.attn_fwd_kernel.run
     monkeypatch.setattr(flash_gluon.attn_fwd_kernel, "run",
                         lambda *a, **kw: runs.append(1) or jit_run(*a, **kw))
-    monkeypatch.setattr(flash_gluon, "_COMPILED", {})
+    monkeypatch.setattr(flash_tuned, "_COMPILED", {})
     cases = [(N, causal, dtype) for N in (1, 77, 128) for causal in (False, True)
              for dtype in (torch.float16, torch.bfloat16)]
     first = {}
@@ -176,7 +177,7 @@ def test_launches_after_the_first_skip_the_jit_and_match_it(monkeypatch):
             first[case] = o, lse
         else:
             assert torch.equal(o, first[case][0]) and torch.equal(lse, first[case][1]), case
-    assert len(runs) == len(cases) == len(flash_gluon._COMPILED)
+    assert len(runs) == len(cases) == len(flash_tuned._COMPILED)
 
 
 @pytest.mark.skipif(not triton.__version__.startswith(flash_tuned.GLUON_TRITON),
@@ -202,46 +203,6 @@ def test_descriptor_is_the_one_tritons_constructor_makes(dtype):
             else:
                 assert list(a) == list(b) if field.name in ("shape", "strides", "block_shape") else a == b, field.name
         TensorDescriptor(ours.base, ours.shape, ours.strides, ours.block_shape, ours.layout)  # its checks
-
-
-def test_launch_calls_the_jit_once_per_specialization_and_device(monkeypatch):
-    """`flash_gluon.launch`'s bookkeeping, with a stand-in kernel (no GPU here): the first
-    launch of each (device, grid, arguments) goes through the JIT; a repeat calls the
-    compiled kernel it returned, with the grid padded to three axes and the constexprs
-    in the kernel's argument order; another device, dtype, value or constexpr is another
-    first launch."""
-    from solutions import flash_gluon
-    calls = []
-
-    class Compiled:
-        def __init__(self, n):
-            self.n = n
-
-        def __getitem__(self, grid):
-            return lambda *args: calls.append(("direct", self.n, grid, args))
-
-    class Kernel:
-        arg_names = ["x", "n", "A", "B"]
-
-        def __getitem__(self, grid):
-            def jit(*args, **constexprs):
-                calls.append(("jit", grid, args, constexprs))
-                return Compiled(len(calls))
-            return jit
-
-    monkeypatch.setattr(flash_gluon, "_COMPILED", {})
-    monkeypatch.setattr(flash_gluon, "cuda_context_on_this_thread", lambda device: None)
-    kernel, x = Kernel(), torch.zeros(4, dtype=torch.float16)
-    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
-    flash_gluon.launch(kernel, cuda0, (3,), x, 7, B=True, A=2)
-    flash_gluon.launch(kernel, cuda0, (3,), x, 7, B=True, A=2)
-    assert calls == [("jit", (3,), (x, 7), dict(B=True, A=2)), ("direct", 1, (3, 1, 1), (x, 7, 2, True))]
-    for device, grid, arg, n, a in ((cuda1, (3,), x, 7, 2), (cuda0, (4,), x, 7, 2), (cuda0, (3,), x.bfloat16(), 7, 2),
-                                    (cuda0, (3,), x, 8, 2), (cuda0, (3,), x, 7, 3)):
-        calls.clear()
-        flash_gluon.launch(kernel, device, grid, arg, n, B=True, A=a)
-        assert [c[0] for c in calls] == ["jit"], (device, grid, arg.dtype, n, a)
-    assert len(flash_gluon._COMPILED) == 6
 
 
 def test_gluon_file_imports_without_a_gpu():
