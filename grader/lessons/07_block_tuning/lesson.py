@@ -621,11 +621,12 @@ plt.show()
 # perf log (`solutions/PERF.md`) records each step and what it measured on the H100. In
 # order:
 #
-# 1. **Blocks per shape.** `triton.autotune` over a short list per head-dim class (three
-#    configurations each, from sweeps like this module's), pruned by shared memory with
-#    this module's `prune_configs`, timed once per key (lengths, head dim, causal). The
-#    lengths are not compile-time constants (`do_not_specialize`), so one compile serves
-#    every length: the GPU tests went from a 200 s time-out to 65.6 s.
+# 1. **Blocks per shape.** `triton.autotune` over a short list per head-dim class
+#    (three or four configurations each, from sweeps like this module's), pruned by
+#    shared memory with this module's `prune_configs`, timed once per key (lengths,
+#    head dim, causal). The lengths are not compile-time constants
+#    (`do_not_specialize`), so one compile serves every length: the GPU tests went from
+#    a 200 s time-out to 65.6 s.
 # 2. **No masks where none are needed.** The key loop runs in two parts: the blocks every
 #    query row of the program may see, with plain loads and no comparisons, then only the
 #    diagonal block (causal) and the ragged last block with masks. It needs `BLOCK_Q` to be
