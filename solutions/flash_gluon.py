@@ -390,13 +390,6 @@ def sm_count(device):
     return n
 
 
-def launch(kernel, device, grid, *args, **constexprs):
-    """kernel[grid](*args, **constexprs) through `flash_tuned.launch_compiled` (the JIT
-    once per specialization, then the compiled kernel: a Gluon launch with six
-    descriptors took 71-81 us of host time through the JIT, PERF.md 3r)."""
-    launch_compiled(kernel, device, grid, args, constexprs)
-
-
 def n_units(BH, N, causal):
     """The kernel's units of work (tiles; causal, pairs of tiles): the most programs that
     get work."""
@@ -413,6 +406,6 @@ def forward(q, k, v, o, lse, causal, scale, programs=None):
     B, H, N, D = q.shape
     BH = B * H
     grid = (min(n_units(BH, N, causal), programs or sm_count(q.device)), )
-    launch(attn_fwd_kernel, q.device, grid, descriptor(q, BLOCK_M), descriptor(k, BLOCK_N), descriptor(v, BLOCK_N),
-           descriptor(o, BLOCK_M), lse, N, H // k.shape[1], BH, scale * LOG2E,
-           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=D, num_warps=4, NUM_BUF=NUM_BUF, CAUSAL=bool(causal))
+    launch_compiled(attn_fwd_kernel, q.device, grid, descriptor(q, BLOCK_M), descriptor(k, BLOCK_N),
+                    descriptor(v, BLOCK_N), descriptor(o, BLOCK_M), lse, N, H // k.shape[1], BH, scale * LOG2E,
+                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=D, num_warps=4, NUM_BUF=NUM_BUF, CAUSAL=bool(causal))

@@ -63,7 +63,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from solutions.flash_forward import LOG2E
-from solutions.flash_gluon import descriptor, launch, wait_after
+from solutions.flash_gluon import descriptor, wait_after
+from solutions.flash_tuned import launch_compiled
 
 LOG2E_C = gl.constexpr(LOG2E)  # the same constant, usable inside kernels
 
@@ -359,10 +360,10 @@ def dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale):
     grid = ((N + BLOCK_N.value - 1) // BLOCK_N.value, B * H_KV)
     keys = KEYS.value
     in_order = IN_ORDER[D]
-    launch(bwd_dkdv_kernel, q.device, grid, descriptor(q, block_m), descriptor(do, block_m), descriptor(k, keys),
-           descriptor(v, keys), descriptor(dk, keys), descriptor(dv, keys), lse, delta, N, H // H_KV, scale,
-           scale * LOG2E, 1.0 / scale if in_order else LOG2E,  # the ring's lse: see _step
-           BLOCK_M=block_m, HEAD_D=D, NUM_BUF=NUM_BUF[D], CAUSAL=bool(causal), IN_ORDER=in_order, num_warps=4)
+    launch_compiled(bwd_dkdv_kernel, q.device, grid, descriptor(q, block_m), descriptor(do, block_m),
+                    descriptor(k, keys), descriptor(v, keys), descriptor(dk, keys), descriptor(dv, keys), lse, delta,
+                    N, H // H_KV, scale, scale * LOG2E, 1.0 / scale if in_order else LOG2E,  # the ring's lse: see _step
+                    BLOCK_M=block_m, HEAD_D=D, NUM_BUF=NUM_BUF[D], CAUSAL=bool(causal), IN_ORDER=in_order, num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------
@@ -541,6 +542,7 @@ def dq_delta(q, k, v, o, do, lse, delta, dq, causal, scale):
     block_n = DQ_BLOCK_N
     rows = ROWS.value
     grid = ((N + 2 * rows - 1) // (2 * rows), B * H)
-    launch(bwd_dq_kernel, q.device, grid, descriptor(q, rows), descriptor(k, block_n), descriptor(v, block_n),
-           descriptor(do, rows), descriptor(dq, rows), o, do, lse, delta, N, H // k.shape[1], scale, scale * LOG2E,
-           BLOCK_N=block_n, HEAD_D=D, NUM_BUF=DQ_NUM_BUF, CAUSAL=bool(causal), num_warps=4)
+    launch_compiled(bwd_dq_kernel, q.device, grid, descriptor(q, rows), descriptor(k, block_n),
+                    descriptor(v, block_n), descriptor(do, rows), descriptor(dq, rows), o, do, lse, delta, N,
+                    H // k.shape[1], scale, scale * LOG2E,
+                    BLOCK_N=block_n, HEAD_D=D, NUM_BUF=DQ_NUM_BUF, CAUSAL=bool(causal), num_warps=4)

@@ -195,16 +195,16 @@ def test_launch_compiled_calls_the_jit_once_per_specialization_and_device(monkey
     kernel, x = Heuristics(), torch.zeros(4, dtype=torch.float16)
     cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
     grid = lambda kw: (kw["A"] + 1,)  # noqa: E731
-    flash_tuned.launch_compiled(kernel, cuda0, grid, (x, 8), dict(B=True, A=2, num_warps=4))
-    flash_tuned.launch_compiled(kernel, cuda0, grid, (x, 8), dict(B=True, A=2, num_warps=4))
+    flash_tuned.launch_compiled(kernel, cuda0, grid, x, 8, B=True, A=2, num_warps=4)
+    flash_tuned.launch_compiled(kernel, cuda0, grid, x, 8, B=True, A=2, num_warps=4)
     assert calls == [("jit", (3,), (x, 8), dict(B=True, A=2, num_warps=4)),
                      ("direct", (3, 1, 1), (x, 8, 2, True, True, 5))]  # A, EVEN, B, C's default
     for device, arg, n, a in ((cuda1, x, 8, 2), (cuda0, x.bfloat16(), 8, 2), (cuda0, x, 7, 2), (cuda0, x, 8, 3)):
         calls.clear()
-        flash_tuned.launch_compiled(kernel, device, grid, (arg, n), dict(B=True, A=a, num_warps=4))
+        flash_tuned.launch_compiled(kernel, device, grid, arg, n, B=True, A=a, num_warps=4)
         assert [c[0] for c in calls] == ["jit"], (device, arg.dtype, n, a)
     calls.clear()
-    flash_tuned.launch_compiled(kernel, cuda0, grid, (x, 7), dict(B=True, A=2, num_warps=4))
+    flash_tuned.launch_compiled(kernel, cuda0, grid, x, 7, B=True, A=2, num_warps=4)
     assert calls == [("direct", (3, 1, 1), (x, 7, 2, False, True, 5))]  # 7 % 2: EVEN false
     assert len(flash_tuned._COMPILED) == 5
 

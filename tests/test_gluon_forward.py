@@ -153,7 +153,7 @@ def test_training_through_the_gluon_forward(dtype, causal):
 
 @on_hopper
 def test_launches_after_the_first_skip_the_jit_and_match_it(monkeypatch):
-    """`flash_gluon.launch` (`flash_tuned.launch_compiled`): the first launch of a
+    """`flash_tuned.launch_compiled` (the Gluon forward's launch): the first launch of a
     specialization goes through Triton's JIT, later ones call the compiled kernel it
     returned. Each direct launch writes what the JIT launch wrote, bit for bit, also
     after other shapes ran in between; each new shape or dtype has its own first launch
