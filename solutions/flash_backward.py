@@ -555,6 +555,12 @@ def _launcher(config, consts, key):
 def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     """The launches, on inputs already checked (the autograd path skips the checks: the
     forward made them, and the host time matters at short sequences; see PERF.md)."""
+    inputs = (q, k, v, o, lse, do)
+    signature = None if fused or config is not None else flash_tuned.plan_signature(
+        "backward", inputs, causal, scale, GLUON_BACKWARD_MIN_WORK, GLUON_BACKWARD_HEAD_DIMS, GLUON_DQ_HEAD_DIMS)
+    made = flash_tuned.run_plan(signature, inputs)
+    if made is not None:  # a call of this signature ran before: its launches again
+        return made
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     block_d = max(16, flash_tuned.next_power_of_2(D))
@@ -594,15 +600,15 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
             o, do, delta, Nq, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_block)
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         launch_dkdv(dq)
-        dq = dq.to(q.dtype)
-    else:
-        # The dQ kernel also stores delta (the preprocessing), then dK/dV reads it.
-        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        return dq.to(q.dtype), dk, dv
+    # The dQ kernel also stores delta (the preprocessing), then dK/dV reads it.
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
 
-        def launch_dq():
-            launch(bwd_dq_kernel, _dq_tuned, "dq", lambda c: (flash_tuned.cdiv(Nq, c["BLOCK_M"]), B * H),
-                   q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
+    def launch_dq():
+        launch(bwd_dq_kernel, _dq_tuned, "dq", lambda c: (flash_tuned.cdiv(Nq, c["BLOCK_M"]), B * H),
+               q, k, v, do, o, lse, delta, dq, *strides, H, Nq, Nk, scale)
 
+    with flash_tuned.recording(signature, inputs) as recorded:
         if config is None and gluon_backward_takes(q, k, v, scale):
             from solutions import flash_gluon_backward as gb  # imported here: the interpreter has no Gluon
             if D in GLUON_DQ_HEAD_DIMS:
@@ -613,6 +619,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
         else:
             launch_dq()
             launch_dkdv(dq)
+    recorded.keep(returned=(dq, dk, dv), buffers=(delta,))
     return dq, dk, dv
 
 

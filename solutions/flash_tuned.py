@@ -117,6 +117,7 @@ def launch_tuned(tuned, grid, key, *args, **kwargs):
     """
     chosen = _CHOSEN.get((tuned, key))
     if chosen is None:
+        _not_to_repeat()  # this call's launches include the autotuner's timing runs
         chosen = _CHOSEN[(tuned, key)] = _choose(tuned, grid, args, kwargs)
         if chosen.pre_hook is not None:  # this call's arguments were made for any config
             chosen.pre_hook({**dict(zip(tuned.arg_names, args)), **kwargs, **chosen.all_kwargs()})
@@ -346,13 +347,156 @@ def launch_compiled(kernel, device, grid, /, *args, **kwargs):
     entry = _COMPILED.get(key)
     shape = grid(kwargs) if callable(grid) else grid
     if entry is None:
+        _not_to_repeat()  # a compile, and Triton's own launch path
         compiled = kernel[shape](*args, **kwargs)
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.clear()
         _COMPILED[key] = compiled, _constexpr_values(kernel, args, kwargs)
         return
     compiled, tail = entry
-    compiled[shape + (1,) * (3 - len(shape))](*args, *tail)
+    shape = shape + (1,) * (3 - len(shape))
+    compiled[shape](*args, *tail)
+    recorded = getattr(_THREAD, "recording", None)
+    if recorded is not None:
+        recorded.append((compiled, shape, args, tail))
+
+
+# ---------------------------------------------------------------------------------------
+# Launch plans: a wrapper call's launches, made again for the next call of its signature
+
+_PLANS = {}  # plan_signature(...) -> LaunchPlan
+_PLANS_MAX = 1024  # entries: one per signature called twice; cleared when full
+
+
+def plan_signature(name, tensors, *values):
+    """What decides every launch a wrapper call makes, as its plan's key: the wrapper's
+    `name` and `values` (its other arguments, and the settings it reads besides this
+    module's), this module's settings, and each tensor's type, shape, strides, dtype,
+    device and 16-byte alignment. None where plans do not apply: in the interpreter, or
+    where an argument is not a tensor (the call's checks then say what is wrong)."""
+    if INTERPRET or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    try:
+        hash(values)
+    except TypeError:  # an odd argument (sm_scale a list): the call's checks say what is wrong
+        return None
+    return (name, TRY_WS, TRY_GLUON, SPLIT_D, GLUON_HEAD_DIMS, *values,
+            *[(type(t), t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors])
+
+
+def run_plan(signature, inputs):
+    """The outputs of the call `signature` names, by its plan, with `inputs` (the call's
+    tensors, in the signature's order); None where it has no plan."""
+    plan = _PLANS.get(signature)
+    return None if plan is None else plan.run(inputs)
+
+
+class recording:
+    """`with recording(signature, inputs) as r:` records the launches made inside (by
+    `launch_compiled`, on this thread); then `r.keep(returned, buffers)` makes them the
+    plan of `signature` where every launch can be made again (see `LaunchPlan`).
+    `returned`: the tensors the call returns, `buffers`: others it made; both made with
+    torch.empty. A signature of None records nothing."""
+
+    def __init__(self, signature, inputs):
+        self.signature, self.inputs, self.launches = signature, inputs, []
+
+    def __enter__(self):
+        self.outer = getattr(_THREAD, "recording", None)
+        if self.outer is not None:
+            self.outer.append(None)  # a plan of the outer call would miss these launches
+        _THREAD.recording = self.launches if self.signature is not None else None
+        return self
+
+    def __exit__(self, *exc):
+        _THREAD.recording = self.outer
+
+    def keep(self, returned, buffers=()):
+        if self.signature is None or not self.launches or None in self.launches:
+            return
+        plan = LaunchPlan.of(self.inputs, returned, buffers, self.launches)
+        if plan is not None:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[self.signature] = plan
+
+
+def _not_to_repeat():
+    """Mark the call being recorded as one not to plan from (see `recording`)."""
+    recorded = getattr(_THREAD, "recording", None)
+    if recorded is not None:
+        recorded.append(None)
+
+
+def _rebased(desc, base):
+    """A copy of the tensor descriptor desc over another tensor of the same layout."""
+    copy = object.__new__(type(desc))
+    copy.__dict__.update(desc.__dict__)
+    copy.base = base
+    return copy
+
+
+class LaunchPlan:
+    """The launches of one wrapper call, made again for a later call of the same
+    `plan_signature` with other tensors: fresh buffers of the same shapes, each of the
+    call's tensors (or a descriptor over it) where the recorded call had its counterpart,
+    every other argument as recorded, to the compiled kernels the recorded call found
+    (`launch_compiled`). It skips what the signature decides: the wrappers' checks,
+    choices and argument lists. Inside a training step at N = 1024 that host time was
+    more than the kernels' GPU time (PERF.md 3v). Made only from calls whose every launch
+    went to a compiled kernel found in the cache, with no autotuning and no other planned
+    call inside, and whose every tensor argument is an input, or a contiguous buffer the
+    call made, each a different tensor: else the call is not repeatable this way."""
+
+    @classmethod
+    def of(cls, inputs, returned, buffers, launches):
+        tensors = (*inputs, *returned, *buffers)
+        slot = {id(t): i for i, t in enumerate(tensors)}
+        made = (*returned, *buffers)
+        if len(slot) < len(tensors) or not all(t.is_contiguous() for t in made):
+            return None  # a tensor in two roles (q is k): which one a launch took is unknown
+        plan = cls()
+        plan.n_inputs, plan.n_returned = len(inputs), len(returned)
+        plan.buffers = [(t.shape, t.dtype) for t in made]
+        plan.device, plan.config, plan.launches = inputs[0].device, LAST_CONFIG[0], []
+        # descriptors made on the device take scratch memory from `triton.set_allocator`'s
+        plan.scratch = any(getattr(c.metadata, "global_scratch_size", 0) for c, *_ in launches)
+        for compiled, grid, args, tail in launches:
+            template, tensor_args, desc_args = [*args, *tail], [], []
+            for i, arg in enumerate(args):
+                base = arg.base if hasattr(arg, "block_shape") else arg
+                if not isinstance(base, torch.Tensor):
+                    continue
+                if id(base) not in slot:
+                    return None  # a tensor the call made otherwise (a copy of an input)
+                if base is arg:
+                    tensor_args.append((i, slot[id(arg)]))
+                else:
+                    desc_args.append((i, slot[id(base)], _rebased(arg, None)))
+                template[i] = None  # the plan keeps no tensor alive
+            plan.launches.append((compiled, grid, template, tensor_args, desc_args))
+        return plan
+
+    def run(self, inputs):
+        """The call's returned tensors; None where a fresh buffer is not 16-byte aligned
+        (as the recorded ones were; a caching allocator's always are)."""
+        made = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self.buffers]
+        if any(t.data_ptr() % 16 for t in made):
+            return None
+        tensors = (*inputs, *made)
+        _not_to_repeat()  # a call being recorded would miss these launches
+        cuda_context_on_this_thread(self.device)
+        if self.scratch:
+            _scratch_allocator()
+        for compiled, grid, template, tensor_args, desc_args in self.launches:
+            args = template.copy()
+            for i, s in tensor_args:
+                args[i] = tensors[s]
+            for i, s, desc in desc_args:
+                args[i] = _rebased(desc, tensors[s])
+            compiled[grid](*args)
+        LAST_CONFIG[0] = self.config
+        return tuple(made[:self.n_returned])
 
 
 def _constexpr_values(kernel, args, kwargs):
@@ -748,18 +892,25 @@ def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
     if getattr(q, "dtype", None) in FP8_DTYPES:
         raise TypeError(f"q has dtype {q.dtype}: FP8 inputs need per-tensor scales, "
                         "use solutions.flash_tuned.flash_attention_fp8")
+    inputs = (q, k, v)
+    signature = plan_signature("forward", inputs, bool(causal), sm_scale)
+    made = run_plan(signature, inputs)
+    if made is not None:  # a call of this signature ran before: its launches again
+        return made
     B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
     scale = default_scale(sm_scale, D)
     q, k, v = (kernel_input(t) for t in (q, k, v))
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
-    if gluon_takes(q, k, v):
-        from solutions import flash_gluon  # imported here: the interpreter has no Gluon
-        LAST_CONFIG[0] = GLUON
-        flash_gluon.forward(q, k, v, o, lse, causal, scale)
-        return o, lse
-    key = (Nq, Nk, D, bool(causal), q.dtype)  # the autotuner's key, and the dtype
-    _launch_forward(q, k, v, o, lse, causal, scale, (None, None, None), False, False, key)
+    with recording(signature, inputs) as recorded:
+        if gluon_takes(q, k, v):
+            from solutions import flash_gluon  # imported here: the interpreter has no Gluon
+            LAST_CONFIG[0] = GLUON
+            flash_gluon.forward(q, k, v, o, lse, causal, scale)
+        else:
+            key = (Nq, Nk, D, bool(causal), q.dtype)  # the autotuner's key, and the dtype
+            _launch_forward(q, k, v, o, lse, causal, scale, (None, None, None), False, False, key)
+    recorded.keep(returned=(o, lse))
     return o, lse
 
 

@@ -1,6 +1,7 @@
 """Shared test set-up. `import course` first: it selects Triton's interpreter on a CPU
 before anything imports triton."""
 import os
+import sys
 import warnings
 
 import pytest
@@ -17,6 +18,16 @@ def _warning_filters_as_in_a_learners_kernel():
     again for each test, as a learner's kernel has it."""
     if course.INTERPRET:
         warnings.filterwarnings("ignore", **course.INTERPRETER_FP_WARNINGS)
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_plans_from_earlier_tests():
+    """Each test sees its own calls' launches: a launch plan recorded by an earlier test
+    (solutions/flash_tuned.py, `LaunchPlan`) would skip a kernel or a check that this
+    test patches."""
+    tuned = sys.modules.get("solutions.flash_tuned")
+    if tuned is not None:
+        tuned._PLANS.clear()
 
 
 @pytest.hookimpl(tryfirst=True)

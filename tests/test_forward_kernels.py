@@ -209,6 +209,85 @@ def test_launch_compiled_calls_the_jit_once_per_specialization_and_device(monkey
     assert len(flash_tuned._COMPILED) == 5
 
 
+def test_a_launch_plan_repeats_a_calls_launches_with_the_next_calls_tensors(monkeypatch):
+    """`flash_tuned.recording` and `LaunchPlan`, with a stand-in kernel (no GPU here): a
+    call whose launch was a compile makes no plan; the next call of its signature, whose
+    launch found the compiled kernel, makes one; a third call runs the plan: the same
+    compiled kernel and grid, its own inputs (and a descriptor over one) where the
+    recorded call had its, fresh buffers, every other argument as recorded. A call with a
+    tensor in two roles, or a launch of a tensor the call made otherwise, or another
+    planned call inside, makes no plan; other settings are another signature."""
+    from types import SimpleNamespace
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    launched = []
+
+    class Compiled:
+        metadata = SimpleNamespace(global_scratch_size=0)
+
+        def __getitem__(self, grid):
+            return lambda *args: launched.append((self, grid, args))
+
+    class Kernel:  # a JIT function with one constexpr parameter, A
+        params = [SimpleNamespace(name=n, default=None) for n in ("x", "y_desc", "out", "buf", "n", "A")]
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: Compiled()
+
+    monkeypatch.setattr(flash_tuned, "INTERPRET", False)
+    monkeypatch.setattr(flash_tuned, "_COMPILED", {})
+    monkeypatch.setattr(flash_tuned, "cuda_context_on_this_thread", lambda device: None)
+    kernel = Kernel()
+
+    def wrapper(x, y, extra=None, inner=None, name="test"):  # as flash_attention_forward uses plans
+        signature = flash_tuned.plan_signature(name, (x, y), 7)
+        made = flash_tuned.run_plan(signature, (x, y))
+        if made is not None:
+            return made
+        out, buf = torch.empty(3, 16), torch.empty(5)
+        with flash_tuned.recording(signature, (x, y)) as recorded:
+            y_desc = TensorDescriptor(y, list(y.shape), list(y.stride()), [4, 16])
+            flash_tuned.launch_compiled(kernel, x.device, (2,), x, y_desc, extra if extra is not None else out,
+                                        buf, 7, A=1)
+            if inner is not None:
+                inner()
+        recorded.keep(returned=(out,), buffers=(buf,))
+        return (out,)
+
+    def fresh():
+        return torch.randn(8, 16), torch.randn(8, 16)
+
+    x, y = fresh()
+    wrapper(x, y)  # the compile
+    assert flash_tuned._PLANS == {} and len(launched) == 0
+    wrapper(x, y)  # the compiled kernel, recorded
+    assert len(flash_tuned._PLANS) == 1
+    compiled, grid, recorded_args = launched[-1]
+    x2, y2 = fresh()
+    (out2,) = wrapper(x2, y2)
+    assert len(launched) == 2
+    again, grid2, args = launched[-1]
+    assert again is compiled and grid2 == grid == (2, 1, 1)
+    assert args[0] is x2 and args[2] is out2 and args[4:] == (7, 1)
+    assert args[1].base is y2 and args[1].block_shape == [4, 16] and args[1] is not recorded_args[1]
+    assert args[3].shape == (5,) and args[3] is not recorded_args[3] and out2 is not recorded_args[2]
+    assert recorded_args[1].base is y  # the plan's own copy of the descriptor holds no tensor
+    (plan,) = flash_tuned._PLANS.values()
+    assert all(a is None for a in plan.launches[0][2][:4])
+
+    for name, call, planned in (
+            ("a tensor in two roles", lambda: wrapper(x, x), []),
+            ("a tensor not made with torch.empty", lambda: wrapper(x, y, extra=x + 1), []),
+            ("a planned call inside", lambda: wrapper(x, y, inner=lambda: wrapper(*fresh(), name="inner")),
+             ["inner"])):
+        flash_tuned._PLANS.clear()
+        call()
+        call()
+        assert [s[0] for s in flash_tuned._PLANS] == planned, name
+    monkeypatch.setattr(flash_tuned, "TRY_GLUON", not flash_tuned.TRY_GLUON)
+    assert flash_tuned.plan_signature("test", (x, y), 7) not in flash_tuned._PLANS
+    assert flash_tuned.plan_signature("test", (x, "y"), 7) is None
+
+
 @pytest.mark.skipif(not GPU, reason="direct launches are the GPU's path (the interpreter runs the JIT)")
 @pytest.mark.parametrize("D", [64, 128, 160])
 def test_repeated_launches_match_the_first(monkeypatch, D):
@@ -235,6 +314,46 @@ def test_repeated_launches_match_the_first(monkeypatch, D):
     jit_entries = len(flash_tuned._COMPILED)
     flash_attention_forward(q, k, v, causal=True)
     assert len(flash_tuned._COMPILED) == jit_entries  # the repeat found its compiled kernel
+
+
+@pytest.mark.skipif(not GPU, reason="launch plans are the GPU's path (the interpreter runs the JIT)")
+@pytest.mark.parametrize("D, Hkv, layout, gluon", [(64, 4, "bhnd", False), (64, 2, "bnhd", False),
+                                                   (128, 4, "bhnd", True), (160, 4, "bhnd", False)])
+def test_launch_plans_repeat_a_training_step_bit_for_bit(monkeypatch, D, Hkv, layout, gluon):
+    """From the third training step of a signature on (the first compiles, the second
+    records), the forward and the backward run by their launch plans
+    (`flash_tuned.LaunchPlan`), skipping the wrappers' checks: steps on new tensors of
+    the same signature give the first step's outputs and gradients bit for bit. Cases:
+    the Triton kernels (grouped K/V heads; q, k, v as transposed views), the Gluon ones
+    (D = 128, the backward's too), and D = 160, whose split backward has no plan."""
+    from solutions import flash_backward
+    if gluon:
+        monkeypatch.setattr(flash_backward, "GLUON_BACKWARD_MIN_WORK", 0)
+    checks = []
+    checked = flash_tuned.check_attention_inputs
+    monkeypatch.setattr(flash_tuned, "check_attention_inputs", lambda *a: checks.append(1) or checked(*a))
+
+    def step(seed):
+        q, k, v = make_qkv(2, 4, Hkv, 300, 300, D, torch.float16, layout=layout, seed=seed)
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        do = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q)
+        o, _ = flash_backward.flash_attention(*leaves, causal=True)
+        o.backward(do)
+        return (q, k, v, do), [o.detach()] + [t.grad for t in leaves]
+
+    inputs, first = step(1)
+    step(2)
+    kinds = sorted(s[0] for s in flash_tuned._PLANS)
+    assert kinds == (["forward"] if D == 160 else ["backward", "forward"])
+    assert (flash_tuned.LAST_CONFIG[0] is flash_tuned.GLUON) == gluon
+    checks.clear()
+    _, again = step(1)
+    assert len(checks) == 0  # the forward ran by its plan
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    from tests.test_backward_kernels import check_grads, reference  # (it imports this file)
+    ref_o, *refs = reference(*inputs, True)
+    assert_close(again[0], ref_o, quiet=True)
+    check_grads(again[1:], refs, torch.float16, f"D={D}, by the plans")
 
 
 def test_launches_a_triton_kernel():
