@@ -51,7 +51,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (BLOCK_Q, BLOCK_K, num_warps, num_stages), best first, from sweeps on an H100 (PERF.md),
 # per class of tile width (the head dim's column blocks together, see `column_blocks`).
 SHORTLIST = {
-    64: [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3)],     # head_dim <= 64
+    64: [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3)],  # head_dim <= 64 (the last: 3v)
     128: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)],  # <= 128
     192: [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],  # 160, 192
     256: [(64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2), (128, 64, 8, 2)],  # a 128-row fp32 acc spills
