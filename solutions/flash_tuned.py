@@ -51,7 +51,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (BLOCK_Q, BLOCK_K, num_warps, num_stages), best first, from sweeps on an H100 (PERF.md),
 # per class of tile width (the head dim's column blocks together, see `column_blocks`).
 SHORTLIST = {
-    64: [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3)],  # head_dim <= 64 (the last: 3v)
+    64: [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3)],  # head_dim <= 64 (the last: 3w)
     128: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)],  # <= 128
     192: [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],  # 160, 192
     256: [(64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2), (128, 64, 8, 2)],  # a 128-row fp32 acc spills
@@ -456,7 +456,7 @@ class LaunchPlan:
         if len(slot) < len(tensors) or not all(t.is_contiguous() for t in made):
             return None  # a tensor in two roles (q is k): which one a launch took is unknown
         plan = cls()
-        plan.n_inputs, plan.n_returned = len(inputs), len(returned)
+        plan.n_returned = len(returned)
         plan.buffers = [(t.shape, t.dtype) for t in made]
         plan.device, plan.config, plan.launches = inputs[0].device, LAST_CONFIG[0], []
         # descriptors made on the device take scratch memory from `triton.set_allocator`'s
