@@ -16,7 +16,9 @@ What it adds to the teaching kernel, and why:
   made on the device, each program spent time on three of them before its first load
   (PERF.md, issue 14, 3a, 3f and 3g).
 - After the first call of a shape, the chosen config is launched without the
-  autotuner's dispatch (`launch_tuned`): host time matters at short sequences.
+  autotuner's dispatch (`launch_tuned`) and without Triton's JIT (`launch_compiled`);
+  once a call of a signature has been recorded, the next ones repeat its launches past
+  the wrappers' checks (`LaunchPlan`): host time matters at short sequences.
 - Head dims that are not powers of two (80, 96, 160, 192, ...) are computed as two
   power-of-two column blocks (160 = 128 + 32) instead of one block padded to the next
   power of two (256): no multiply-adds on padding, smaller tiles (PERF.md, issue 14).
@@ -112,8 +114,8 @@ def launch_tuned(tuned, grid, key, *args, **kwargs):
     (a dict of all arguments, the key rebuilt, dtypes turned into strings): on the H100
     machine it added ~10 us of host time to a ~40 us launch (PERF.md, "Host overhead"),
     and at N = 1024 the training step is bound by host time. So the first call for a key
-    chooses a config (`_choose`) and records it; later calls launch the JIT kernel with
-    it directly. `key` must hold everything the autotuner's own key holds.
+    chooses a config (`_choose`) and records it; later calls launch with it directly,
+    through `launch_compiled`. `key` must hold everything the autotuner's own key holds.
     """
     chosen = _CHOSEN.get((tuned, key))
     if chosen is None:
@@ -340,7 +342,8 @@ def launch_compiled(kernel, device, grid, /, *args, **kwargs):
     training step a JIT launch took ~100-140 us of host time, and at N = 1024 the step
     is bound by its host time (PERF.md 3r, 3t). `kernel`: a JIT function, possibly under
     `triton.heuristics` layers, whose values are computed at the first launch (they
-    depend on the key's values only); `grid`: a tuple, or a function of `kwargs`."""
+    depend on the key's values only); `grid`: a tuple, or a function of `kwargs`. A
+    direct launch is also recorded for `recording` (launch plans)."""
     cuda_context_on_this_thread(device)
     # the device too: a compiled kernel's function handle belongs to one device's context
     key = (kernel, device.index, tuple(map(_specialization, args)), tuple(kwargs.items()))
