@@ -120,3 +120,31 @@ def test_tuned_bench_names_the_config_that_ran(monkeypatch):
                        (flash_tuned.GLUON, "gluon"), (None, "")):
         monkeypatch.setattr(flash_tuned, "LAST_CONFIG", [last])
         assert tb._chosen_config() == text
+
+
+def test_tuned_bench_gives_the_tutorial_our_fp8_tensors(monkeypatch):
+    """The fp8 section's tutorial rows run on the very e5m2 tensors "e5m2-o8" reads (V
+    with keys contiguous, as both kernels want it), the descales folded into the softmax
+    scale (the tutorial takes none), with and without warp specialization."""
+    import torch
+    from solutions import tuned_bench as tb
+    calls = []
+
+    class Tutorial:
+        @staticmethod
+        def forward(q, k, v, causal, scale, warp_specialize):
+            calls.append((q, k, v, causal, scale, warp_specialize))
+            return q
+    monkeypatch.setattr(tb, "TUT", Tutorial)
+    D = 64
+    q32, k32, v32 = (torch.randn(2, 3, 40, D, generator=torch.Generator().manual_seed(s)) * 3
+                     for s in range(3))
+    impls, refs = tb._fp8_impls(dict(causal=True, D=D, N=40), q32, k32, v32)
+    impls["tut-e5m2"]()
+    impls["tut-e5m2-ws"]()
+    q8, k8, v8, dq, dk, _ = refs["e5m2"]
+    assert [c[5] for c in calls] == [False, True] and all(c[3] is True for c in calls)
+    for q, k, v, _, scale, _ in calls:
+        assert q is q8 and k is k8 and q8.dtype == torch.float8_e5m2
+        assert torch.equal(v.float(), v8.float()) and v.stride(-2) == 1  # keys contiguous
+        assert abs(scale - D ** -0.5 * dq.item() * dk.item()) < 1e-12 * scale
