@@ -76,7 +76,7 @@ SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4,
                        (128, 128, 4, 2, "ws")]}
 SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma")],
                      128: [(64, 64, 4, 3, "tma"), (128, 64, 4, 3, "tma"), (128, 64, 4, 4, "tma"),
-                           (128, 128, 4, 2, "ws")]}
+                           (128, 128, 4, 2, "ws"), (64, 128, 4, 3, "tma")]}  # the last: 3x, not causal
 # False: never the descriptor configs (for comparisons; FLASH_TUNED_WS=0 sets it).
 TRY_WS = os.environ.get("FLASH_TUNED_WS", "1") != "0"
 # The Gluon kernel (solutions/flash_gluon.py) where `gluon_takes` allows; False: never
@@ -218,8 +218,10 @@ def single_loop_only(shape):
 
 
 def offered(shape, causal, n_k):
-    """Whether the autotuner may try the config `shape` with these keys (`single_loop_only`)."""
-    return not (single_loop_only(shape) and (causal or n_k % shape[1]))
+    """Whether the autotuner may try the config `shape` with these keys (`single_loop_only`;
+    causal, BLOCK_Q a multiple of BLOCK_K: the causal split needs it)."""
+    return not ((single_loop_only(shape) and (causal or n_k % shape[1]))
+                or (causal and shape[0] % shape[1]))
 
 
 def _even_k(args):
@@ -227,11 +229,17 @@ def _even_k(args):
     return args["N_K"] % args["BLOCK_K"] == 0
 
 
+def _long_k(args):
+    """At least one whole key block (a heuristic, per launch): where nothing is causal,
+    the loop over whole blocks runs at least once."""
+    return args["N_K"] >= args["BLOCK_K"]
+
+
 def _prune(configs, named_args, **kwargs):
     """Benchmark only the shortlist for this shape, and only configs that fit in
     shared memory (module 07's `prune_configs`; its `smem_bytes` summed over the head
     dim's column blocks when there are two;
-    BLOCK_Q is always a multiple of BLOCK_K: the causal split needs it). Where tensor
+    causal, BLOCK_Q is a multiple of BLOCK_K: `offered`). Where tensor
     descriptors may be used (TMA_OK), the descriptor configs compete too."""
     if INTERPRET:
         return configs
@@ -704,7 +712,7 @@ def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, rows, lo, hi, N_K, qk
 
 @triton.autotune(configs=_configs(), key=["N_Q", "N_K", "HEAD_DIM", "BLOCK_D2", "CAUSAL", "TMA_OK"],
                  prune_configs_by={"early_config_prune": _prune}, do_bench=timed_once)
-@triton.heuristics({"EVEN_K": _even_k})
+@triton.heuristics({"EVEN_K": _even_k, "LONG_K": _long_k})
 @triton.jit(do_not_specialize=["N_Q", "N_K", "TMA_OK"])  # one compile for all lengths
 def flash_attention_fwd_kernel(
     Q, K, V, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V, Q_DESC, K_DESC, V_DESC,
@@ -716,7 +724,7 @@ def flash_attention_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    Q_DEVICE: tl.constexpr, EVEN_K: tl.constexpr,
+    Q_DEVICE: tl.constexpr, EVEN_K: tl.constexpr, LONG_K: tl.constexpr,
 ):
     # The head dim must be contiguous (the wrapper sees to it): rows load as wide vectors.
     # V_T: V's keys are contiguous instead, and stride_vn is the stride of its head dim.
@@ -785,6 +793,12 @@ def flash_attention_fwd_kernel(
     full_end = (N_K // BLOCK_K) * BLOCK_K
     if CAUSAL:
         full_end = tl.minimum(full_end, q0)
+    elif LONG_K and not WS:
+        # Told that the loop runs, the compiler drops its zero-trip path. On that path the
+        # accumulator's zeros reached the loop's last wgmma wait through copies, and ptxas
+        # then ran every wgmma of the kernel one at a time (C7515) at some FP8 tiles (PERF.md 3x).
+        # Not with WS: Triton 3.6's warp specialization pass fails on the assume.
+        tl.assume(full_end > 0)
     if TMA:
         # Tensor descriptors made on the host (TMA copies); with WS, Triton's warp
         # specialization too: producer warps issue the copies, the others compute.
@@ -799,9 +813,10 @@ def flash_attention_fwd_kernel(
     # in the first block visited whatever the stages, so every row's max is finite.
     # EVEN_K (whole key blocks) and not causal: nothing is masked, and the stage is left
     # out when compiling: 1-5% faster in fp16, up to 10% in FP8 (PERF.md 3f).
-    masked_end = N_K
-    if CAUSAL:
-        masked_end = tl.minimum(N_K, q0 + BLOCK_Q)
+    # The stage's keys, [full_end, min(N_K, q0 + BLOCK_Q)) causal or [full_end, N_K), lie
+    # within full_end + BLOCK_Q (causal) or + BLOCK_K: bounds that give the loop a step
+    # count known when compiling (one step: no loop at all); keys past N_K are masked.
+    masked_end = full_end + (BLOCK_Q if CAUSAL else BLOCK_K)
     if CAUSAL or not EVEN_K:
         if TMA:
             acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h_kv32, rows,
