@@ -76,7 +76,7 @@ SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4,
                        (128, 128, 4, 2, "ws")]}
 SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma")],
                      128: [(64, 64, 4, 3, "tma"), (128, 64, 4, 3, "tma"), (128, 64, 4, 4, "tma"),
-                           (128, 128, 4, 2, "ws"), (64, 128, 4, 3, "tma")]}  # the last: 3x, not causal
+                           (128, 128, 4, 2, "ws"), (64, 128, 4, 3, "tma")]}  # the last: 3y, not causal
 # False: never the descriptor configs (for comparisons; FLASH_TUNED_WS=0 sets it).
 TRY_WS = os.environ.get("FLASH_TUNED_WS", "1") != "0"
 # The Gluon kernel (solutions/flash_gluon.py) where `gluon_takes` allows; False: never
@@ -789,14 +789,15 @@ def flash_attention_fwd_kernel(
     l_i = tl.zeros([BLOCK_Q], tl.float32)
 
     # Stage 1, no masks: whole key blocks that every row of this query block may see.
-    # BLOCK_Q is a multiple of BLOCK_K, so q0 is a key-block boundary.
     full_end = (N_K // BLOCK_K) * BLOCK_K
     if CAUSAL:
+        # q0 must be a key-block boundary (`offered` keeps other tiles from causal calls).
+        tl.static_assert(BLOCK_Q % BLOCK_K == 0)
         full_end = tl.minimum(full_end, q0)
     elif LONG_K and not WS:
         # Told that the loop runs, the compiler drops its zero-trip path. On that path the
         # accumulator's zeros reached the loop's last wgmma wait through copies, and ptxas
-        # then ran every wgmma of the kernel one at a time (C7515) at some FP8 tiles (PERF.md 3x).
+        # then ran every wgmma of the kernel one at a time (C7515) at some FP8 tiles (PERF.md 3x, 3y).
         # Not with WS: Triton 3.6's warp specialization pass fails on the assume.
         tl.assume(full_end > 0)
     if TMA:

@@ -749,6 +749,18 @@ def test_single_loop_configs_only_where_nothing_is_masked(monkeypatch):
         assert flash_tuned.SHORTLIST_TMA[128][0] in kept
 
 
+def test_causal_tiles_have_query_blocks_of_whole_key_blocks():
+    """Causal, a query block must start on a key-block boundary (the kernel's unmasked
+    stage ends there), so a tile whose BLOCK_Q is not a multiple of BLOCK_K is offered
+    only where nothing is causal."""
+    wide = [c for c in flash_tuned.SHORTLIST_TMA_FP8[128] if c[0] % c[1]]
+    assert wide, "no tile with BLOCK_Q < BLOCK_K listed: this test checks nothing"
+    for config in wide:
+        assert flash_tuned.offered(config, False, 4096)
+        assert not flash_tuned.offered(config, True, 4096)
+    assert flash_tuned.offered((128, 64, 8, 3), True, 4096)
+
+
 @pytest.mark.parametrize("D, config", DESCRIPTOR_CONFIGS.values(), ids=DESCRIPTOR_CONFIGS.keys())
 def test_descriptor_configs_take_strided_heads(monkeypatch, D, config):
     """Descriptors span [B, H, N, D] with the tensors' own strides: q, k, v as
