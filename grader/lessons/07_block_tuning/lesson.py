@@ -629,9 +629,14 @@ plt.show()
 #    a 200 s time-out to 65.6 s.
 # 2. **No masks where none are needed.** The key loop runs in two parts: the blocks every
 #    query row of the program may see, with plain loads and no comparisons, then only the
-#    diagonal block (causal) and the ragged last block with masks. It needs `BLOCK_Q` to be
-#    a multiple of `BLOCK_K`, so that the diagonal starts on a key-block boundary: a
-#    constraint of the same kind as those at the top of this notebook.
+#    diagonal block (causal) and the ragged last block with masks. Causal, it needs
+#    `BLOCK_Q` to be a multiple of `BLOCK_K`, so that the diagonal starts on a key-block
+#    boundary: a constraint of the same kind as those at the top of this notebook. The
+#    masked part always spans `BLOCK_Q` keys (causal) or `BLOCK_K` (the ragged block), so
+#    the compiler knows its step count, and one step compiles to no loop at all. Where
+#    nothing is causal and the keys fill at least one block, the kernel also tells the
+#    compiler that the first part runs at least once (`tl.assume`). Without that, at some FP8 tiles every tensor-core product
+#    waited for the one before: 7% slower at `D = 128`.
 # 3. **Longest programs first (causal).** Query blocks run in reverse order, so the GPU's
 #    last wave is made of short programs instead of the longest ones.
 # 4. **Loads: measured, mostly kept simple.** Plain pointers take any strides and stay the
