@@ -2,7 +2,7 @@
 
     python -m solutions.tuned_bench [--only check,fwd,fp8,dims,train,small] [--tutorial PATH]
                                     [--lengths 1024,4096,16384] [--jobs N [--compile-only]]
-                                    [--reps R] [--out DIR]
+                                    [--rounds R] [--reps R] [--out DIR]
     python -m solutions.tuned_bench --table CSV [CSV ...]   (re-print saved tables)
 
 Sections (H = 16, B * N = 16384, N in 1024 / 4096 / 16384, causal or not):
@@ -33,7 +33,11 @@ with `forward(q, k, v, causal, sm_scale, warp_specialize)` returning its forward
 `train(...)` the same through its autograd Function, and its kernel `_attn_fwd`);
 without --tutorial its columns read n/a. Every output of ours (and the tutorial's) is
 checked against SDPA (fp16) or an fp32 reference (FP8) before it is timed. Times are
-do_bench medians (the median of 3 rounds that take turns between implementations). The
+do_bench medians (the median of --rounds rounds, default 3, that take turns between
+implementations; the CSV keeps each round's time). Where ours is compared with the
+tutorial (fwd, fp8), the tables also give the range of that ratio over the rounds, each
+round's figures taken side by side, and in how many rounds ours was at least level: the
+GPU runs these kernels at its power cap, and one kernel's rounds can spread by 5%. The
 forward rows at N = 1024 (fwd, fp8, dims) are timed again replayed from CUDA graphs (mode
 "fwd-graph"): the GPU's work alone, where the host's launch time can bound eager figures.
 --jobs N compiles every kernel the run will need in N processes first (Triton's disk
@@ -54,7 +58,7 @@ import torch.nn.functional as F
 from solutions.bench import _graph_ms  # (the same CUDA-graph timing as the main benchmark)
 
 FIELDS = ["section", "dtype", "D", "N", "causal", "mode", "impl", "ms", "tflops", "err",
-          "err_kernel", "config", "status"]
+          "err_kernel", "config", "status", "rounds_ms"]
 LENGTHS = (1024, 4096, 16384)
 H = 16
 TOTAL = 16384  # B * N
@@ -87,18 +91,20 @@ def _ms(fn):
 
 
 def _timed(fns, timer=None):
-    """{name: median ms} over ROUNDS rounds that take turns between the functions
-    (each timed by `timer`, default `_ms`)."""
+    """{name: [ms of each round]} over ROUNDS rounds that take turns between the
+    functions (each timed by `timer`, default `_ms`)."""
     times = {n: [] for n in fns}
     for _ in range(ROUNDS):
         for name, fn in fns.items():
             times[name].append((timer or _ms)(fn))
-    return {n: statistics.median(t) for n, t in times.items()}
+    return times
 
 
 def _fill_times(rows, steps, flops, timer=None):
-    for name, ms in _timed(steps, timer).items():
-        rows[name].update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
+    for name, rounds in _timed(steps, timer).items():
+        ms = statistics.median(rounds)
+        rows[name].update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}",
+                          rounds_ms=" ".join(f"{t:.4f}" for t in rounds))
 
 
 def _graph_rows(case, mode, rows, steps, flops):
@@ -312,7 +318,7 @@ def _dims_impls(case, q, k, v, train):
 def _row(case, mode, impl, **kw):
     row = {"section": case["section"], "dtype": str(case["dtype"]).replace("torch.", ""),
            "D": case["D"], "N": case["N"], "causal": case["causal"], "mode": mode, "impl": impl,
-           "ms": "", "tflops": "", "err": "", "err_kernel": "", "config": "", "status": "ok"}
+           "ms": "", "tflops": "", "err": "", "err_kernel": "", "config": "", "status": "ok", "rounds_ms": ""}
     row.update(kw)
     return row
 
@@ -656,13 +662,33 @@ def _get(rows, impl, field="tflops"):
     return None
 
 
+def _best_impl(rows, *impls):
+    """The one of `impls` that passed with the highest TFLOPS, or None."""
+    timed = [i for i in impls if _get(rows, i)]
+    return max(timed, key=lambda i: _get(rows, i)) if timed else None
+
+
 def _best(rows, *impls):
     """The highest TFLOPS among `impls` that passed, or None."""
-    return max([x for x in (_get(rows, i) for i in impls) if x] or [0]) or None
+    best = _best_impl(rows, *impls)
+    return _get(rows, best) if best else None
 
 
 def _ratio(a, b):
     return f"{a / b:5.2f}" if a and b else "  n/a"
+
+
+def _rounds(rows, ours, other):
+    """ours / other round by round (time of other over time of ours): "min-max k/n",
+    k the rounds where ours was at least level; "n/a" without both rows' round times
+    (CSVs written before the field existed)."""
+    times = [next((r.get("rounds_ms") for r in rows if r["impl"] == i and r["status"] == "ok"), None)
+             for i in (ours, other)]
+    if not all(times):
+        return "n/a"
+    a, b = ([float(x) for x in t.split()] for t in times)
+    ratios = [y / x for x, y in zip(a, b)]
+    return f"{min(ratios):.2f}-{max(ratios):.2f} {sum(r >= 1 for r in ratios)}/{len(ratios)}"
 
 
 def print_tables(all_rows):
@@ -674,9 +700,10 @@ def print_tables(all_rows):
         impls = list(dict.fromkeys(r["impl"] for rows in cases.values() for r in rows))
         print(f"\n[{section}] {mode}: TFLOPS (do_bench median); '!' = failed its check")
         if section == "fwd":
-            extra = " | o/tut o/cuD  o/FA2 | ours config"
+            extra = " | o/tut o/cuD  o/FA2 | o/tut by round, rounds >= 1 | ours config"
         elif section == "fp8":
-            extra = " | e4/16 e5/16 e5/tut o8/tut | err vs fp32: fp16 e4m3 e5m2 tut | kernel err: e4m3 e5m2 | config e4m3"
+            extra = (" | e4/16 e5/16 e5/tut o8/tut | o8/tut by round, rounds >= 1 | err vs fp32: fp16 e4m3 e5m2 tut"
+                     " | kernel err: e4m3 e5m2 | config e4m3")
         elif section == "dims":
             extra = " | o/FA2 o/cuD o/pad | config"
         elif section == "train":
@@ -696,17 +723,19 @@ def print_tables(all_rows):
             line = f"{dtype[:8]:8} {D:>3} {N:>5} {'y' if str(causal) == 'True' else 'n'} | " + " ".join(f"{c:>11}" for c in cells)
             ours = _get(rows, "ours")
             if section == "fwd":
-                tut = _best(rows, "tut", "tut-ws")
+                tut = _best_impl(rows, "tut", "tut-ws")
                 cfg = next((r["config"] for r in rows if r["impl"] == "ours"), "")
-                line += f" | {_ratio(ours, tut)} {_ratio(ours, _get(rows, 'cuDNN'))} {_ratio(ours, _get(rows, 'FA2'))} | {cfg}"
+                line += (f" | {_ratio(ours, _get(rows, tut) if tut else None)} {_ratio(ours, _get(rows, 'cuDNN'))}"
+                         f" {_ratio(ours, _get(rows, 'FA2'))} | {_rounds(rows, 'ours', tut):>14} | {cfg}")
             elif section == "fp8":
                 f16, e4, e5 = _get(rows, "fp16"), _get(rows, "e4m3"), _get(rows, "e5m2")
-                tut = _best(rows, "tut-e5m2", "tut-e5m2-ws")
+                tut_impl = _best_impl(rows, "tut-e5m2", "tut-e5m2-ws")
+                tut = _get(rows, tut_impl) if tut_impl else None
                 err = {r["impl"]: r["err"] for r in rows}
                 kerr = {r["impl"]: r["err_kernel"] for r in rows}
                 cfg = next((r["config"] for r in rows if r["impl"] == "e4m3"), "")
                 line += (f" | {_ratio(e4, f16)} {_ratio(e5, f16)} {_ratio(e5, tut)} {_ratio(_get(rows, 'e5m2-o8'), tut):>6} | "
-                         f"{err.get('fp16', '')} {err.get('e4m3', '')} {err.get('e5m2', '')} {err.get('tut-e5m2', '')} | "
+                         f"{_rounds(rows, 'e5m2-o8', tut_impl):>14} | {err.get('fp16', '')} {err.get('e4m3', '')} {err.get('e5m2', '')} {err.get('tut-e5m2', '')} | "
                          f"{kerr.get('e4m3', '')} {kerr.get('e5m2', '')} | {cfg}")
             elif section == "dims":
                 cfg = next((r["config"] for r in rows if r["impl"] == "ours"), "")
@@ -726,18 +755,22 @@ def print_tables(all_rows):
 
 
 def main(argv=None):
-    global TUT
+    global TUT, LENGTHS, ROUNDS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="fwd,fp8,dims,train,small", help="sections, comma-separated")
     parser.add_argument("--tutorial", help="path of a copy of Triton's tutorial 06 (see above)")
     parser.add_argument("--jobs", type=int, default=0, help="processes that compile ahead (0: none)")
     parser.add_argument("--lengths", default="1024,4096,16384", help="sequence lengths N (fwd, fp8, dims, train)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="timing rounds that take turns between implementations (not small)")
     parser.add_argument("--reps", type=int, default=4, help="repetitions of the small cases")
     parser.add_argument("--out", default="bench_out", help="folder for tuned_bench.csv")
     parser.add_argument("--table", metavar="CSV", nargs="+", help="only re-print the tables of these CSVs")
     parser.add_argument("--compile-only", action="store_true", help="with --jobs: compile ahead, then stop")
     parser.add_argument("--compile-seconds", type=float, default=600, help="stop compiling ahead after this")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.table:
         rows = []
         for path in args.table:
@@ -748,8 +781,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("solutions.tuned_bench needs a CUDA GPU (use --table CSV to print saved results)")
     import course  # noqa: F401
-    global LENGTHS
     LENGTHS = tuple(int(n) for n in args.lengths.split(","))
+    ROUNDS = args.rounds
     sections = [s for s in args.only.split(",") if s]
     if args.tutorial:
         TUT = _load_tutorial(args.tutorial)

@@ -47,9 +47,13 @@ def test_tuned_bench_tables(tmp_path, capsys):
     fwd = dict(section="fwd", dtype="float16", D=128, N=4096, causal=False)
     fp8 = dict(section="fp8", dtype="float16", D=64, N=1024, causal=True)
     dims = dict(section="dims", dtype="float16", D=160, N=16384, causal=False)
-    rows = [tb._row(fwd, "fwd", i, tflops=t, config="128x128x8x2x" if i == "ours" else "")
+    # each round's times: ours against the better tutorial run (tut-ws here: 450 TFLOPS)
+    rounds = {"ours": "1.00 1.10 0.90", "tut-ws": "1.05 1.05 0.90", "tut": "2.0 0.5 1.0"}
+    rows = [tb._row(fwd, "fwd", i, tflops=t, config="128x128x8x2x" if i == "ours" else "",
+                    rounds_ms=rounds.get(i, ""))
             for i, t in (("ours", "500.0"), ("tut", "400.0"), ("tut-ws", "450.0"), ("FA2", "250.0"),
                          ("cuDNN", "625.0"))]
+    # the FP8 rows carry no round times, as in CSVs written before the field existed
     rows += [tb._row(fp8, "fwd", i, tflops=t, err=e)
              for i, t, e in (("fp16", "300.0", "3e-4"), ("e4m3", "450.0", "4e-2"), ("e5m2", "420.0", "8e-2"),
                              ("e5m2-o8", "440.0", "8e-2"), ("tut-e5m2", "400.0", "1e-1"),
@@ -69,8 +73,11 @@ def test_tuned_bench_tables(tmp_path, capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("float16  128  4096 n"))
     assert line.split("|")[2].split() == ["1.11", "0.80", "2.00"], line  # 500/450, 500/625, 500/250
+    # by round, tut-ws's time over ours: 1.05, 0.95, 1.00; level or ahead in 2 of 3
+    assert line.split("|")[3].split() == ["0.95-1.05", "2/3"], line
     line = next(x for x in out.splitlines() if x.startswith("float16   64  1024 y"))
     assert line.split("|")[2].split() == ["1.50", "1.40", "1.05", "1.10"], line  # 450/300, 420/300, 420/400, 440/400
+    assert line.split("|")[3].split() == ["n/a"], line
     line = next(x for x in out.splitlines() if x.startswith("float16  160 16384 n"))
     assert line.split("|")[2].split() == ["1.30", "0.65", "1.30"], line
     # the small section: a line of per-repetition ratios under the case for ours and the tutorial
@@ -100,6 +107,7 @@ def test_tuned_bench_times_the_short_forward_from_graphs_too(monkeypatch):
         rows = {name: tb._row(case, "fwd", name, err="1e-2", config="cfg-" + name) for name in steps}
         tb._fill_times(rows, steps, 1e9)
         assert [rows[x]["ms"] for x in steps] == ["1.0000", "2.0000"]
+        assert rows["tut"]["rounds_ms"] == " ".join(["2.0000"] * tb.ROUNDS)
         graphed = tb._graph_rows(case, "fwd", rows, steps, 1e9)
         if not expect_graph:
             assert graphed == []
