@@ -670,8 +670,7 @@ def _best_impl(rows, *impls):
 
 def _best(rows, *impls):
     """The highest TFLOPS among `impls` that passed, or None."""
-    best = _best_impl(rows, *impls)
-    return _get(rows, best) if best else None
+    return _get(rows, _best_impl(rows, *impls))
 
 
 def _ratio(a, b):
@@ -725,12 +724,12 @@ def print_tables(all_rows):
             if section == "fwd":
                 tut = _best_impl(rows, "tut", "tut-ws")
                 cfg = next((r["config"] for r in rows if r["impl"] == "ours"), "")
-                line += (f" | {_ratio(ours, _get(rows, tut) if tut else None)} {_ratio(ours, _get(rows, 'cuDNN'))}"
+                line += (f" | {_ratio(ours, _get(rows, tut))} {_ratio(ours, _get(rows, 'cuDNN'))}"
                          f" {_ratio(ours, _get(rows, 'FA2'))} | {_rounds(rows, 'ours', tut):>14} | {cfg}")
             elif section == "fp8":
                 f16, e4, e5 = _get(rows, "fp16"), _get(rows, "e4m3"), _get(rows, "e5m2")
                 tut_impl = _best_impl(rows, "tut-e5m2", "tut-e5m2-ws")
-                tut = _get(rows, tut_impl) if tut_impl else None
+                tut = _get(rows, tut_impl)
                 err = {r["impl"]: r["err"] for r in rows}
                 kerr = {r["impl"]: r["err_kernel"] for r in rows}
                 cfg = next((r["config"] for r in rows if r["impl"] == "e4m3"), "")

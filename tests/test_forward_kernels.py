@@ -325,8 +325,9 @@ def test_launch_plans_repeat_a_training_step_bit_for_bit(monkeypatch, D, Hkv, la
     """From the fourth training step of a signature on (the first ones compile: the
     forward's first call passes descriptors for the autotuner's timing runs, its second
     none where a plain config won; then one records), the forward and the backward run
-    by their launch plans (`flash_tuned.LaunchPlan`), skipping the wrappers' checks: steps on new tensors of
-    the same signature give the first step's outputs and gradients bit for bit. Cases:
+    by their launch plans (`flash_tuned.LaunchPlan`), skipping the wrappers' checks:
+    steps on new tensors of the same signature give the first step's outputs and
+    gradients bit for bit. Cases:
     the Triton kernels (grouped K/V heads; q, k, v as transposed views), the Gluon ones
     (D = 128, the backward's too), and D = 160, whose split backward has no plan."""
     from solutions import flash_backward
