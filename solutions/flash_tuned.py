@@ -564,22 +564,23 @@ def column_blocks(head_dim, min_block=16):
 def _exponents(s, m_i, cols, rows, N_K, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                FP8: tl.constexpr):
     """(the base-2 exponents of P, the new running max) for raw scores s of key columns
-    `cols`: scaled, with the running max subtracted (FP8: minus P_SHIFT as well);
-    MASKED hides keys past N_K and, causal, keys after each row."""
+    `cols`: scaled, with the running max subtracted; MASKED hides keys past N_K and,
+    causal, keys after each row. FP8: the running max is kept minus P_SHIFT, so P comes
+    out times 2**P_SHIFT, and the row max takes one fused multiply-add, not two steps."""
     if MASKED:
         valid = cols[None, :] < N_K
         if CAUSAL:
             valid = valid & (cols[None, :] <= rows[:, None])
         s = tl.where(valid, s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        row_max = tl.max(s, 1)
     else:
         # max of the raw scores, then one fused multiply-add per score
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        row_max = tl.max(s, 1) * qk_scale
         s = s * qk_scale
-    shift = m_new
     if FP8:
-        shift = shift - P_SHIFT_C
-    return s - shift[:, None], m_new
+        row_max = row_max - P_SHIFT_C
+    m_new = tl.maximum(m_i, row_max)
+    return s - m_new[:, None], m_new
 
 
 @triton.jit
@@ -839,9 +840,9 @@ def flash_attention_fwd_kernel(
     if BLOCK_D2 > 0:
         tl.store(o_rows + offs_d2[None, :], (acc2 * inv_l[:, None]).to(O.dtype.element_ty),
                  mask=row_ok[:, None] & d2_ok[None, :])
+    # FP8: m_i is the max minus P_SHIFT, and l_i summed the probabilities times
+    # 2**P_SHIFT, so the two shifts cancel here.
     lse2 = m_i + tl.log2(l_i)
-    if FP8:
-        lse2 = lse2 - P_SHIFT_C  # l summed the probabilities times 2**P_SHIFT
     tl.store(LSE + pid_bh * N_Q + rows, lse2 * LN2, mask=row_ok)
 
 
