@@ -562,6 +562,10 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     if made is not None:  # a call of this signature ran before: its launches again
         return made
     B, H, Nq, D = q.shape
+    slices = flash_tuned.batch_slices(B, H)
+    if slices:
+        return flash_tuned.by_batch_slices(
+            slices, lambda *t: _backward(*t, causal, scale, fused, config), q, k, v, o, lse, do)
     Hkv, Nk = k.shape[1], k.shape[2]
     block_d = max(16, flash_tuned.next_power_of_2(D))
     consts = dict(GROUP=H // Hkv, CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d,

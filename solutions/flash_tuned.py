@@ -537,6 +537,30 @@ def cdiv(a, b):
     return (a + b - 1) // b
 
 
+# CUDA caps a grid's second and third axes at 65535 programs, and the tuned kernels put
+# batch * heads on the second (the teaching kernels, one launch each, keep that cap). The
+# wrappers run a larger batch in slices of whole batch entries.
+MAX_GRID_Y = 65535
+
+
+def batch_slices(B, H):
+    """The batch slices that each fit one launch of B * H programs on the grid's second
+    axis, or None where the whole batch fits."""
+    if B * H <= MAX_GRID_Y:
+        return None
+    if H > MAX_GRID_Y:
+        raise ValueError(f"{H} heads: the tuned kernels launch one program per (batch, head) "
+                         f"on a grid axis that holds at most {MAX_GRID_Y}")
+    step = MAX_GRID_Y // H
+    return [slice(b, min(b + step, B)) for b in range(0, B, step)]
+
+
+def by_batch_slices(slices, fn, *tensors):
+    """fn run on each batch slice of the tensors, its results concatenated along the batch."""
+    parts = [fn(*(t[s] for t in tensors)) for s in slices]
+    return tuple(torch.cat(results) for results in zip(*parts))
+
+
 def next_power_of_2(n):
     """The smallest power of two >= n, on the host (triton's is a JIT function too)."""
     return 1 << (n - 1).bit_length()
@@ -918,6 +942,9 @@ def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
     if made is not None:  # a call of this signature ran before: its launches again
         return made
     B, H, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+    slices = batch_slices(B, H)
+    if slices:
+        return by_batch_slices(slices, lambda *qkv: flash_attention_forward(*qkv, causal, sm_scale), q, k, v)
     scale = default_scale(sm_scale, D)
     q, k, v = (kernel_input(t) for t in (q, k, v))
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -1047,6 +1074,11 @@ def flash_attention_fp8(q, k, v, causal=False, sm_scale=None, *, descale_q=None,
     product wants V with keys contiguous (`transpose_v_fp8`); other layouts are copied.
     """
     B, H, Hkv, Nq, Nk, D = check_fp8_inputs(q, k, v, out_dtype)
+    slices = batch_slices(B, H)
+    if slices:
+        return by_batch_slices(slices, lambda *qkv: flash_attention_fp8(
+            *qkv, causal, sm_scale, descale_q=descale_q, descale_k=descale_k, descale_v=descale_v,
+            out_dtype=out_dtype), q, k, v)
     scale = default_scale(sm_scale, D)
     q, k = (kernel_input(t) for t in (q, k))
     if v.stride(-2) != 1 or v.data_ptr() % 16:

@@ -300,6 +300,37 @@ def test_every_shortlisted_config_computes_the_gradients(D, fp32, fused, config,
     check_grads(grads, refs, dtype, f"seed={seed} D={D} fused={fused} causal={causal} {config}")
 
 
+def test_batches_past_the_grid_limit_run_in_slices(monkeypatch):
+    """CUDA holds at most 65535 programs on a grid's second axis, where the backward
+    kernels put batch * heads: the tuned backward (and forward) run a larger batch in
+    slices of whole batch entries. The cap is made 5 here, so B = 3 with 4 query heads
+    runs one entry at a time: every grid within the cap, the gradients right, and
+    (without atomics) each entry's as in one launch."""
+    grids, launcher = [], fb._launcher
+
+    def spying(config, consts, key):  # records every grid the backward's launches make
+        launch = launcher(config, consts, key)
+        return lambda kernel, tuned, which, grid, *args, **kwargs: launch(
+            kernel, tuned, which, lambda c: grids.append(grid(c)) or grid(c), *args, **kwargs)
+    monkeypatch.setattr(fb, "_launcher", spying)
+    seed = fresh_seed()
+    q, k, v, do = _inputs(seed, B=3, H=4, Hkv=2, Nq=37, Nk=45, D=32)
+    refs = reference(q, k, v, do, True)[1:]
+    monkeypatch.setattr(fb.flash_tuned, "MAX_GRID_Y", 5)
+    sliced = {}
+    for fused in (False, True):
+        grids.clear()
+        sliced[fused] = run_backward(q, k, v, do, True, fused)[1:]
+        assert grids and all(g[1] <= 5 for g in grids), f"fused={fused}: grids {grids}"
+        check_grads(sliced[fused], refs, torch.float32, f"seed={seed} fused={fused}, in slices")
+    monkeypatch.setattr(fb.flash_tuned, "MAX_GRID_Y", 65535)
+    grids.clear()
+    whole = run_backward(q, k, v, do, True, False)[1:]
+    assert max(g[1] for g in grids) == 12, f"one launch of B * H programs expected: {grids}"
+    for name, a, b in zip(("dq", "dk", "dv"), sliced[False], whole):
+        assert torch.equal(a, b), f"{name}: a slice changed the entries it holds (seed={seed})"
+
+
 # ---------------------------------------------------------------------------------------
 # Bad input.
 

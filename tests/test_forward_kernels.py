@@ -432,6 +432,54 @@ def make_fp8(B, H, Hkv, Nq, Nk, D, dtype, seed=0):
     return [flash_tuned.quantize_fp8(t, dtype) for t in (q, k, v)]
 
 
+def _launched_batch_heads(monkeypatch):
+    """The (batch, heads) of each forward kernel launch from now on."""
+    launched, launch = [], flash_tuned._launch_forward
+    monkeypatch.setattr(flash_tuned, "_launch_forward",
+                        lambda q, *args: (launched.append(tuple(q.shape[:2])), launch(q, *args))[1])
+    return launched
+
+
+def test_batches_past_the_grid_limit_run_in_slices(monkeypatch):
+    """CUDA holds at most 65535 programs on a grid's second axis, where the tuned forward
+    puts batch * heads: a larger batch runs in slices of whole batch entries, each entry
+    computed as in one launch. The cap is made 5 here: B = 3, H = 2 runs as 2 + 1 entries."""
+    q, k, v = make_qkv(3, 2, 1, 37, 45, 32, torch.float32, layout="bnhd", seed=11)
+    launched = _launched_batch_heads(monkeypatch)
+    monkeypatch.setattr(flash_tuned, "MAX_GRID_Y", 5)
+    o, lse = flash_attention_forward(q, k, v, causal=True)
+    assert launched == [(2, 2), (1, 2)]
+    o_ref, lse_ref = reference64(q, k, v, True)
+    assert_close(o, o_ref, name="o", atol=2e-5, rtol=2e-5, quiet=True)
+    assert_close(lse, lse_ref, name="lse", atol=1e-4, rtol=1e-4, quiet=True)
+    monkeypatch.setattr(flash_tuned, "MAX_GRID_Y", 65535)
+    whole = flash_attention_forward(q, k, v, causal=True)
+    assert launched[2:] == [(3, 2)]
+    assert torch.equal(o, whole[0]) and torch.equal(lse, whole[1]), "a slice changed the entries it holds"
+    monkeypatch.setattr(flash_tuned, "MAX_GRID_Y", 1)
+    with pytest.raises(ValueError, match="2 heads"):
+        flash_attention_forward(q, k, v)
+
+
+def test_fp8_batches_past_the_grid_limit_run_in_slices(monkeypatch, fp8_rounding):
+    """The FP8 forward slices a large batch as the fp16 one does, descales and output
+    format carried to each slice. On the CPU the public function runs past its device
+    check (the interpreter has no FP8 products; `fp8_rounding` makes its conversions PyTorch's)."""
+    if GPU and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs sm_89+")
+    if not GPU:
+        monkeypatch.setattr(flash_tuned, "check_fp8_inputs", lambda q, k, v, out_dtype:
+                            flash_tuned._fp8_shapes(q.shape, k.shape, v.shape))
+    dtype = torch.float8_e5m2
+    (q8, dq), (k8, dk), (v8, dv) = make_fp8(3, 2, 2, 40, 33, 32, dtype, seed=5)
+    launched = _launched_batch_heads(monkeypatch)
+    monkeypatch.setattr(flash_tuned, "MAX_GRID_Y", 4)
+    o, lse = flash_tuned.flash_attention_fp8(q8, k8, v8, causal=True, descale_q=dq, descale_k=dk,
+                                             descale_v=dv, out_dtype=dtype)
+    assert launched == [(2, 2), (1, 2)] and o.dtype == dtype
+    _fp8_check(o, lse, q8, k8, v8, True, dq, dk, dv)
+
+
 def test_kernel_input_copies_only_what_the_kernels_cannot_take():
     buf = torch.randn(2, 3, 40, 16, device=DEVICE)
     aligned = buf[:, :, 8:]  # 8 rows of 16 fp32 in: a 16-byte boundary, strided
