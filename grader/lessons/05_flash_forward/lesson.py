@@ -81,6 +81,10 @@ plt.show()
 # not a multiple of `block_q` still needs a program for its last, shorter block:
 # `triton.cdiv(a, b)` is `ceil(a / b)` for positive integers.
 #
+# On a GPU, CUDA allows up to 2^31 - 1 programs on axis 0 but only 65,535 on axes 1 and 2,
+# so one launch of this grid holds at most 65,535 (batch, head) pairs. The lessons stay far
+# below that; the course's tuned kernels run a larger batch in slices of whole entries.
+#
 # Write `flash_grid`. It returns a tuple of three ints.
 
 # %% nbgrader={"grade": false, "grade_id": "flash_grid", "locked": false, "schema_version": 3, "solution": true, "task": false}
