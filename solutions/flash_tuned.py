@@ -279,11 +279,13 @@ def _capability(device):
 
 def _tma_ok(q, k, v, v_t):
     """Whether the descriptor configs ("tma", "ws") may run: a Hopper GPU (or the
-    interpreter, for tests), Q, K and V 16-byte aligned with 16-byte strides."""
+    interpreter, for tests), Q, K and V 16-byte aligned with 16-byte strides. A stride
+    of 0 (a tensor `expand`ed over the batch or heads) runs the pointer configs, which
+    take any stride: no GPU run here has tried a tensor map with a stride of 0."""
     if not TRY_WS or not (INTERPRET or _capability(k.device)[0] == 9):
         return False
     size = k.element_size()
-    return not any(t.data_ptr() % 16 or strides[3] != 1 or any(x * size % 16 for x in strides[:3])
+    return not any(t.data_ptr() % 16 or strides[3] != 1 or any(x == 0 or x * size % 16 for x in strides[:3])
                    for t, _, strides in _layouts(q, k, v, v_t))
 
 

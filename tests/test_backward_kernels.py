@@ -147,6 +147,19 @@ def test_grad_output_with_zero_strides():
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["dq-kernel", "fused-atomic"])
+def test_inputs_expanded_over_batch_and_heads(fused):
+    """K and V `expand`ed from one (batch, head) to all: strides 0, which the forward and
+    the backward read as they are (the gradients are those of the expanded tensors)."""
+    seed = fresh_seed()
+    q, k, v, do = _inputs(seed, B=2, H=3, Nq=37, Nk=30, D=16)
+    k, v = (t[:1, :1].expand(2, 3, -1, -1) for t in (k, v))
+    assert k.stride()[:2] == (0, 0)
+    _, *grads = run_backward(q, k, v, do, True, fused)
+    _, *refs = reference(q, k, v, do, True)
+    check_grads(grads, refs, torch.float32, f"seed={seed} fused={fused} K, V expanded")
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["dq-kernel", "fused-atomic"])
 def test_no_reads_past_the_inputs(fused):
     """Inputs framed by NaN in memory: a load past a ragged tail would show as NaN."""
     B, H, Hkv, Nq, Nk, D = 1, 2, 2, 45, 53, 40

@@ -810,6 +810,20 @@ def test_causal_tiles_have_query_blocks_of_whole_key_blocks():
     assert flash_tuned.offered((128, 64, 8, 3), True, 4096)
 
 
+def test_inputs_expanded_over_batch_and_heads_run_without_descriptors():
+    """K and V `expand`ed from one (batch, head) to all (strides 0) are right, and run
+    the pointer configs: the tuned kernel makes no tensor map with a stride of 0."""
+    q, k, v = make_qkv(2, 4, 1, 70, 45, 32, torch.float16, seed=3)
+    k, v = (t[:1].expand(2, 4, -1, -1) for t in (k, v))
+    assert k.stride()[:2] == (0, 0) and v.stride()[:2] == (0, 0)
+    assert not flash_tuned._tma_ok(q, k, v, False)
+    for causal in (False, True):
+        o, lse = flash_attention_forward(q, k, v, causal=causal)
+        o_ref, lse_ref = reference64(q, k, v, causal)
+        assert_close(o, o_ref, name=f"o causal={causal}", dim_names=("b", "h", "row", "col"), quiet=True)
+        assert_close(lse, lse_ref, name="lse", atol=1e-3, rtol=1e-3, quiet=True)
+
+
 @pytest.mark.parametrize("D, config", DESCRIPTOR_CONFIGS.values(), ids=DESCRIPTOR_CONFIGS.keys())
 def test_descriptor_configs_take_strided_heads(monkeypatch, D, config):
     """Descriptors span [B, H, N, D] with the tensors' own strides: q, k, v as
