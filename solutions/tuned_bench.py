@@ -34,9 +34,9 @@ with `forward(q, k, v, causal, sm_scale, warp_specialize)` returning its forward
 without --tutorial its columns read n/a. Every output of ours (and the tutorial's) is
 checked against SDPA (fp16) or an fp32 reference (FP8) before it is timed. Times are
 do_bench medians (the median of --rounds rounds, default 3, that take turns between
-implementations; the CSV keeps each round's time). Where ours is compared with the
-tutorial (fwd, fp8), the tables also give the range of that ratio over the rounds, each
-round's figures taken side by side, and in how many rounds ours was at least level: the
+implementations; the CSV keeps each round's time, and the config that ours and the
+tutorial's autotuners took). Where ours is compared with the tutorial (fwd, fp8), the
+tables also give the range of that ratio over the rounds, each round's figures taken side by side, and in how many rounds ours was at least level: the
 GPU runs these kernels at its power cap, and one kernel's rounds can spread by 5%. The
 forward rows at N = 1024 (fwd, fp8, dims) are timed again replayed from CUDA graphs (mode
 "fwd-graph"): the GPU's work alone, where the host's launch time can bound eager figures.
@@ -145,6 +145,15 @@ def _chosen_config():
     if cfg is None or "BLOCK_Q" not in cfg.kwargs:
         return ""
     return "x".join(str(v) for v in flash_tuned._shape(cfg))
+
+
+def _tutorial_config():
+    """The config the tutorial's autotuner took for its latest launch, as text (BLOCK_M x
+    BLOCK_N x warps x stages): two runs' tutorial times can differ by its choice."""
+    cfg = getattr(getattr(TUT, "_attn_fwd", None), "best_config", None)
+    if cfg is None:
+        return ""
+    return "x".join(str(v) for v in (cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages))
 
 
 def _with(module, name, value, fn):
@@ -342,7 +351,8 @@ def _check_and_time(case, mode, impls, expected, flops, train_grads=None, do=Non
 
                 def step(fn=fn):
                     fn(do)
-            config = _chosen_config() if name.startswith("ours") and train_grads is None else ""
+            config = "" if train_grads is not None else (
+                _chosen_config() if name.startswith("ours") else _tutorial_config() if name.startswith("tut") else "")
             status = "ok" if err < tol else f"WRONG {err:.2g}"
             rows[name] = _row(case, mode, name, err=f"{err:.2e}", config=config, status=status)
             if status == "ok":
@@ -403,7 +413,7 @@ def run_fp8(case):
             # values, small) is off by ~5% (e4m3) to ~10% (e5m2); a wrong kernel is off by ~100%.
             tol = 2e-2 if name == "fp16" else 0.3
             status = "ok" if err < tol else f"WRONG {err:.2g}"
-            config = _chosen_config() if not name.startswith("tut") else ""
+            config = _tutorial_config() if name.startswith("tut") else _chosen_config()
             rows[name] = _row(case, "fwd", name, err=f"{err:.2e}", err_kernel=err_k, config=config,
                               status=status)
             if status == "ok":
@@ -690,6 +700,10 @@ def _rounds(rows, ours, other):
     return f"{min(ratios):.2f}-{max(ratios):.2f} {sum(r >= 1 for r in ratios)}/{len(ratios)}"
 
 
+def _config_of(rows, impl):
+    return next((r["config"] for r in rows if r["impl"] == impl), "")
+
+
 def print_tables(all_rows):
     groups = {}
     for r in all_rows:
@@ -699,10 +713,10 @@ def print_tables(all_rows):
         impls = list(dict.fromkeys(r["impl"] for rows in cases.values() for r in rows))
         print(f"\n[{section}] {mode}: TFLOPS (do_bench median); '!' = failed its check")
         if section == "fwd":
-            extra = " | o/tut o/cuD  o/FA2 | o/tut by round, rounds >= 1 | ours config"
+            extra = " | o/tut o/cuD  o/FA2 | o/tut by round, rounds >= 1 | ours config | tut config"
         elif section == "fp8":
             extra = (" | e4/16 e5/16 e5/tut o8/tut | o8/tut by round, rounds >= 1 | err vs fp32: fp16 e4m3 e5m2 tut"
-                     " | kernel err: e4m3 e5m2 | config e4m3")
+                     " | kernel err: e4m3 e5m2 | config e4m3 | tut config")
         elif section == "dims":
             extra = " | o/FA2 o/cuD o/pad | config"
         elif section == "train":
@@ -723,21 +737,22 @@ def print_tables(all_rows):
             ours = _get(rows, "ours")
             if section == "fwd":
                 tut = _best_impl(rows, "tut", "tut-ws")
-                cfg = next((r["config"] for r in rows if r["impl"] == "ours"), "")
+                cfg = _config_of(rows, "ours")
                 line += (f" | {_ratio(ours, _get(rows, tut))} {_ratio(ours, _get(rows, 'cuDNN'))}"
-                         f" {_ratio(ours, _get(rows, 'FA2'))} | {_rounds(rows, 'ours', tut):>14} | {cfg}")
+                         f" {_ratio(ours, _get(rows, 'FA2'))} | {_rounds(rows, 'ours', tut):>14} | {cfg}"
+                         f" | {_config_of(rows, tut)}")
             elif section == "fp8":
                 f16, e4, e5 = _get(rows, "fp16"), _get(rows, "e4m3"), _get(rows, "e5m2")
                 tut_impl = _best_impl(rows, "tut-e5m2", "tut-e5m2-ws")
                 tut = _get(rows, tut_impl)
                 err = {r["impl"]: r["err"] for r in rows}
                 kerr = {r["impl"]: r["err_kernel"] for r in rows}
-                cfg = next((r["config"] for r in rows if r["impl"] == "e4m3"), "")
+                cfg = _config_of(rows, "e4m3")
                 line += (f" | {_ratio(e4, f16)} {_ratio(e5, f16)} {_ratio(e5, tut)} {_ratio(_get(rows, 'e5m2-o8'), tut):>6} | "
                          f"{_rounds(rows, 'e5m2-o8', tut_impl):>14} | {err.get('fp16', '')} {err.get('e4m3', '')} {err.get('e5m2', '')} {err.get('tut-e5m2', '')} | "
-                         f"{kerr.get('e4m3', '')} {kerr.get('e5m2', '')} | {cfg}")
+                         f"{kerr.get('e4m3', '')} {kerr.get('e5m2', '')} | {cfg} | {_config_of(rows, tut_impl)}")
             elif section == "dims":
-                cfg = next((r["config"] for r in rows if r["impl"] == "ours"), "")
+                cfg = _config_of(rows, "ours")
                 line += (f" | {_ratio(ours, _get(rows, 'FA2'))} {_ratio(ours, _get(rows, 'cuDNN'))}"
                          f" {_ratio(ours, _get(rows, 'ours-padded'))} | {cfg}")
             elif section == "train":

@@ -49,12 +49,12 @@ def test_tuned_bench_tables(tmp_path, capsys):
     dims = dict(section="dims", dtype="float16", D=160, N=16384, causal=False)
     # each round's times: ours against the better tutorial run (tut-ws here: 450 TFLOPS)
     rounds = {"ours": "1.00 1.10 0.90", "tut-ws": "1.05 1.05 0.90", "tut": "2.0 0.5 1.0"}
-    rows = [tb._row(fwd, "fwd", i, tflops=t, config="128x128x8x2x" if i == "ours" else "",
-                    rounds_ms=rounds.get(i, ""))
+    configs = {"ours": "128x128x8x2x", "tut": "64x64x4x3", "tut-ws": "128x64x8x2"}
+    rows = [tb._row(fwd, "fwd", i, tflops=t, config=configs.get(i, ""), rounds_ms=rounds.get(i, ""))
             for i, t in (("ours", "500.0"), ("tut", "400.0"), ("tut-ws", "450.0"), ("FA2", "250.0"),
                          ("cuDNN", "625.0"))]
     # the FP8 rows carry no round times, as in CSVs written before the field existed
-    rows += [tb._row(fp8, "fwd", i, tflops=t, err=e)
+    rows += [tb._row(fp8, "fwd", i, tflops=t, err=e, config="64x32x4x2" if i.startswith("tut") else "")
              for i, t, e in (("fp16", "300.0", "3e-4"), ("e4m3", "450.0", "4e-2"), ("e5m2", "420.0", "8e-2"),
                              ("e5m2-o8", "440.0", "8e-2"), ("tut-e5m2", "400.0", "1e-1"),
                              ("tut-e5m2-ws", "350.0", "1e-1"))]
@@ -75,9 +75,11 @@ def test_tuned_bench_tables(tmp_path, capsys):
     assert line.split("|")[2].split() == ["1.11", "0.80", "2.00"], line  # 500/450, 500/625, 500/250
     # by round, tut-ws's time over ours: 1.05, 0.95, 1.00; level or ahead in 2 of 3
     assert line.split("|")[3].split() == ["0.95-1.05", "2/3"], line
+    assert line.split("|")[4:] == [" 128x128x8x2x ", " 128x64x8x2"], line  # ours', the better tutorial run's
     line = next(x for x in out.splitlines() if x.startswith("float16   64  1024 y"))
     assert line.split("|")[2].split() == ["1.50", "1.40", "1.05", "1.10"], line  # 450/300, 420/300, 420/400, 440/400
     assert line.split("|")[3].split() == ["n/a"], line
+    assert line.split("|")[-1] == " 64x32x4x2", line
     line = next(x for x in out.splitlines() if x.startswith("float16  160 16384 n"))
     assert line.split("|")[2].split() == ["1.30", "0.65", "1.30"], line
     # the small section: a line of per-repetition ratios under the case for ours and the tutorial
@@ -128,6 +130,33 @@ def test_tuned_bench_names_the_config_that_ran(monkeypatch):
                        (flash_tuned.GLUON, "gluon"), (None, "")):
         monkeypatch.setattr(flash_tuned, "LAST_CONFIG", [last])
         assert tb._chosen_config() == text
+
+
+def test_tuned_bench_names_the_tutorials_config(monkeypatch):
+    """The tutorial's rows name the config its autotuner took: its time can change with
+    that choice from one run to the next. Nothing without a tutorial or before its launch."""
+    import types
+    import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is imported)
+    import torch
+    import triton
+    import triton.language as tl
+    from solutions import tuned_bench as tb
+
+    # an autotuned kernel as the tutorial's is (one config: the interpreter times none)
+    @triton.autotune([triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=2)], key=["n"])
+    @triton.jit
+    def _attn_fwd(X, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        offs = tl.arange(0, BLOCK_M)
+        tl.store(X + offs, tl.load(X + offs, mask=offs < n) + BLOCK_N, mask=offs < n)
+
+    monkeypatch.setattr(tb, "TUT", None)
+    assert tb._tutorial_config() == ""
+    monkeypatch.setattr(tb, "TUT", types.SimpleNamespace(_attn_fwd=_attn_fwd))
+    assert tb._tutorial_config() == ""
+    x = torch.randn(20, device="cuda" if torch.cuda.is_available() else "cpu")
+    before = x.clone()
+    _attn_fwd[(1,)](x, 20)
+    assert torch.equal(x, before + 16) and tb._tutorial_config() == "32x16x4x2"
 
 
 def test_tuned_bench_gives_the_tutorial_our_fp8_tensors(monkeypatch):
