@@ -540,8 +540,9 @@ def cdiv(a, b):
 
 
 # CUDA caps a grid's second and third axes at 65535 programs, and the tuned kernels put
-# batch * heads on the second: their wrappers run a larger batch in slices of whole batch
-# entries. (The teaching kernels launch once: there batch * heads must fit the cap.)
+# batch * heads on the second (the FP8 forward: heads, and batch on the third): their
+# wrappers run a larger batch in slices of whole batch entries. (The teaching kernels
+# launch once: there batch * heads must fit the cap.)
 MAX_GRID_Y = 65535
 
 

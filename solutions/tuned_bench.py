@@ -36,8 +36,9 @@ checked against SDPA (fp16) or an fp32 reference (FP8) before it is timed. Times
 do_bench medians (the median of --rounds rounds, default 3, that take turns between
 implementations; the CSV keeps each round's time, and the config that ours and the
 tutorial's autotuners took). Where ours is compared with the tutorial (fwd, fp8), the
-tables also give the range of that ratio over the rounds, each round's figures taken side by side, and in how many rounds ours was at least level: the
-GPU runs these kernels at its power cap, and one kernel's rounds can spread by 5%. The
+tables also give the range of that ratio over the rounds, each round's figures taken side
+by side, and in how many rounds ours was at least level: the GPU runs these kernels at
+its power cap, and one kernel's rounds can spread by 5%. The
 forward rows at N = 1024 (fwd, fp8, dims) are timed again replayed from CUDA graphs (mode
 "fwd-graph"): the GPU's work alone, where the host's launch time can bound eager figures.
 --jobs N compiles every kernel the run will need in N processes first (Triton's disk
@@ -154,6 +155,14 @@ def _tutorial_config():
     if cfg is None:
         return ""
     return "x".join(str(v) for v in (cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages))
+
+
+def _config_that_ran(name):
+    """The config of implementation `name`'s latest forward: ours' or the tutorial's
+    ("" for SDPA's backends, which name none)."""
+    if name.startswith("tut"):
+        return _tutorial_config()
+    return _chosen_config() if name.startswith("ours") else ""
 
 
 def _with(module, name, value, fn):
@@ -351,8 +360,7 @@ def _check_and_time(case, mode, impls, expected, flops, train_grads=None, do=Non
 
                 def step(fn=fn):
                     fn(do)
-            config = "" if train_grads is not None else (
-                _chosen_config() if name.startswith("ours") else _tutorial_config() if name.startswith("tut") else "")
+            config = _config_that_ran(name) if train_grads is None else ""
             status = "ok" if err < tol else f"WRONG {err:.2g}"
             rows[name] = _row(case, mode, name, err=f"{err:.2e}", config=config, status=status)
             if status == "ok":
