@@ -573,6 +573,27 @@ def _warm_task(task):
         return f"{task[0]}[{task[1]}] ERR {type(e).__name__} {str(e)[:160]}"
 
 
+def warm_configs(autotuned, args, kwargs):
+    """Compile (not run) every config of a triton.autotune kernel for these arguments, each
+    after its pre_hook, as a launch would. The hook matters: ours gives the host-made
+    descriptors the config's tiles, and the compiled kernel is specialized on them.
+    Triton's own `Autotuner.warmup` skips the hooks, so our descriptor configs got
+    16 x 16 tiles there and failed to compile. Returns one line per config that failed."""
+    autotuned.nargs = dict(zip(autotuned.arg_names, args))
+    errors = []
+    try:
+        for cfg in autotuned.prune_configs(kwargs):
+            if cfg.pre_hook:
+                cfg.pre_hook({**autotuned.nargs, **kwargs, **cfg.all_kwargs()})
+            try:
+                autotuned.fn.warmup(*args, grid=(1, 1, 1), **kwargs, **cfg.all_kwargs())
+            except Exception as e:
+                errors.append(f"{cfg}: {type(e).__name__} {str(e)[:80]}")
+    finally:
+        autotuned.nargs = None
+    return errors
+
+
 def _warm(section, index, tutorial, lengths):
     global TUT, LENGTHS
     LENGTHS = lengths
@@ -586,24 +607,15 @@ def _warm(section, index, tutorial, lengths):
     t0 = time.time()
 
     def warm_ours(tuned, grid, key, *args, **kwargs):
-        tuned.warmup(*args, grid=(1, 1, 1), **kwargs)
+        failed = warm_configs(tuned, args, kwargs)
+        if failed:
+            raise RuntimeError(f"{len(failed)} configs failed to compile: " + "; ".join(failed))
 
     flash_tuned.launch_tuned = warm_ours
 
-    class WarmTutorial:
+    class WarmTutorial:  # its failures are its static_assert(BLOCK_N <= HEAD_DIM): ignored
         def __getitem__(self, grid):
-            def warm(*args, **kwargs):
-                at = TUT._attn_fwd
-                at.nargs = dict(zip(at.arg_names, args))
-                for cfg in at.prune_configs(kwargs):
-                    if cfg.pre_hook:
-                        cfg.pre_hook({**at.nargs, **kwargs, **cfg.all_kwargs()})
-                    try:
-                        at.fn.warmup(*args, grid=(1, 1, 1), **kwargs, **cfg.all_kwargs())
-                    except Exception:  # e.g. its static_assert(BLOCK_N <= HEAD_DIM)
-                        pass
-                at.nargs = None
-            return warm
+            return lambda *args, **kwargs: warm_configs(TUT._attn_fwd, args, kwargs)
 
     if TUT is not None:
         original = TUT.forward

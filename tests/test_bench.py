@@ -159,6 +159,45 @@ def test_tuned_bench_names_the_tutorials_config(monkeypatch):
     assert torch.equal(x, before + 16) and tb._tutorial_config() == "32x16x4x2"
 
 
+def test_tuned_bench_compiles_each_config_with_its_descriptor_tiles():
+    """Compiling ahead (`--jobs`) runs each config's pre_hook before compiling it, as a
+    launch does: our descriptor configs are compiled for the tiles their hook gives the
+    host-made descriptors. Without the hooks every descriptor config got the wrapper's
+    placeholder tiles (16 x 16) and failed to compile on the GPU. A config that fails is
+    reported, and the others are still compiled."""
+    import types
+    import course  # noqa: F401  (sets TRITON_INTERPRET on a CPU, before triton is imported)
+    import triton
+    import triton.language as tl
+    from solutions import flash_tuned as ft
+    from solutions import tuned_bench as tb
+
+    @triton.jit
+    def kernel(Q_DESC, K_DESC, V_DESC, BLOCK_D: tl.constexpr, V_T: tl.constexpr, BLOCK_Q: tl.constexpr,
+               BLOCK_K: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, Q_DEVICE: tl.constexpr):
+        pass
+
+    shapes = [(64, 32, 4, 3, "tma"), (64, 64, 4, 2), (128, 64, 8, 3, "tma"), (128, 32, 8, 2, "tma")]
+    tuned = triton.autotune([ft._config(*s) for s in shapes], key=[])(kernel)
+    compiled = []
+
+    def warmup(*args, grid, **kwargs):
+        if kwargs["BLOCK_K"] == 32 and kwargs["BLOCK_Q"] == 128:
+            raise ValueError("out of shared memory")
+        compiled.append((kwargs["BLOCK_Q"], kwargs["BLOCK_K"], [d.block_shape for d in args]))
+
+    tuned.fn = types.SimpleNamespace(warmup=warmup)
+    descs = [types.SimpleNamespace(block_shape=[1, 1, 16, 16]) for _ in range(3)]
+    failed = tb.warm_configs(tuned, descs, dict(BLOCK_D=64, V_T=False))
+    assert compiled == [
+        (64, 32, [[1, 1, 64, 64], [1, 1, 32, 64], [1, 1, 32, 64]]),
+        (64, 64, [[1, 1, 64, 64], [1, 1, 32, 64], [1, 1, 32, 64]]),  # pointers: no hook
+        (128, 64, [[1, 1, 128, 64], [1, 1, 64, 64], [1, 1, 64, 64]]),
+    ]
+    assert len(failed) == 1 and "BLOCK_Q: 128, BLOCK_K: 32" in failed[0], failed
+    assert "out of shared memory" in failed[0] and tuned.nargs is None
+
+
 def test_tuned_bench_gives_the_tutorial_our_fp8_tensors(monkeypatch):
     """The fp8 section's tutorial rows run on the very e5m2 tensors "e5m2-o8" reads (V
     with keys contiguous, as both kernels want it), the descales folded into the softmax
