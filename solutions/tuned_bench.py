@@ -1,8 +1,8 @@
 """GPU benchmark of the tuned forward's newer paths (issue 14), one table per section.
 
     python -m solutions.tuned_bench [--only check,fwd,fp8,dims,train,small] [--tutorial PATH]
-                                    [--lengths 1024,4096,16384] [--jobs N [--compile-only]]
-                                    [--rounds R] [--reps R] [--out DIR]
+                                    [--lengths 1024,4096,16384] [--dims 64,128] [--causal y|n]
+                                    [--jobs N [--compile-only]] [--rounds R] [--reps R] [--out DIR]
     python -m solutions.tuned_bench --table CSV [CSV ...]   (re-print saved tables)
 
 Sections (H = 16, B * N = 16384, N in 1024 / 4096 / 16384, causal or not):
@@ -41,6 +41,8 @@ by side, and in how many rounds ours was at least level: the GPU runs these kern
 its power cap, and one kernel's rounds can spread by 5%. The
 forward rows at N = 1024 (fwd, fp8, dims) are timed again replayed from CUDA graphs (mode
 "fwd-graph"): the GPU's work alone, where the host's launch time can bound eager figures.
+--dims and --causal narrow the cases of every section but check; --lengths those of fwd,
+fp8, dims and train.
 --jobs N compiles every kernel the run will need in N processes first (Triton's disk
 cache then serves the timed process): the sections need ~200 compiles.
 TFLOPS count 4 B H N^2 D for the forward (half when causal), 3.5x that for fwd+bwd.
@@ -61,6 +63,8 @@ from solutions.bench import _graph_ms  # (the same CUDA-graph timing as the main
 FIELDS = ["section", "dtype", "D", "N", "causal", "mode", "impl", "ms", "tflops", "err",
           "err_kernel", "config", "status", "rounds_ms"]
 LENGTHS = (1024, 4096, 16384)
+DIMS = None    # head dims to run (--dims); None: each section's own
+CAUSAL = None  # True / False (--causal y / n); None: both
 H = 16
 TOTAL = 16384  # B * N
 DEV = "cuda"
@@ -234,6 +238,23 @@ def check_cases():
 
 SECTIONS = {"check": check_cases, "fwd": fwd_cases, "fp8": fp8_cases, "dims": dims_cases,
             "train": train_cases, "small": small_cases}
+
+
+def cases(section):
+    """The section's cases that --dims and --causal select (the check section: all)."""
+    return [c for c in SECTIONS[section]()
+            if section == "check" or ((DIMS is None or c["D"] in DIMS)
+                                      and (CAUSAL is None or c["causal"] == CAUSAL))]
+
+
+def _selection():
+    """What selects the cases, for a worker process to select the same (`_warm`)."""
+    return LENGTHS, DIMS, CAUSAL
+
+
+def _select(selection):
+    global LENGTHS, DIMS, CAUSAL
+    LENGTHS, DIMS, CAUSAL = selection
 
 
 def _inputs(case, seed=0):
@@ -594,16 +615,16 @@ def warm_configs(autotuned, args, kwargs):
     return errors
 
 
-def _warm(section, index, tutorial, lengths):
-    global TUT, LENGTHS
-    LENGTHS = lengths
+def _warm(section, index, tutorial, selection):
+    global TUT
+    _select(selection)
     os.environ.setdefault("COURSE_MODE", "gpu")
     import course  # noqa: F401
     import triton
     from solutions import flash_tuned
     if tutorial:
         TUT = _load_tutorial(tutorial)
-    case = list(SECTIONS[section]())[index]
+    case = cases(section)[index]
     t0 = time.time()
 
     def warm_ours(tuned, grid, key, *args, **kwargs):
@@ -667,7 +688,7 @@ def precompile(sections, jobs, tutorial, lengths=(4096, 16384), seconds=600):
     length class: the kernels are specialized on strides and ints of 1, not on N)."""
     import multiprocessing as mp
     wanted = (set(lengths) & set(LENGTHS)) or {min(LENGTHS)}
-    tasks = [(s, i, tutorial, LENGTHS) for s in sections for i, c in enumerate(SECTIONS[s]())
+    tasks = [(s, i, tutorial, _selection()) for s in sections for i, c in enumerate(cases(s))
              if s in ("small", "check") or c["N"] in wanted]
     t0 = time.time()
     try:
@@ -789,12 +810,14 @@ def print_tables(all_rows):
 
 
 def main(argv=None):
-    global TUT, LENGTHS, ROUNDS
+    global TUT, ROUNDS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="fwd,fp8,dims,train,small", help="sections, comma-separated")
     parser.add_argument("--tutorial", help="path of a copy of Triton's tutorial 06 (see above)")
     parser.add_argument("--jobs", type=int, default=0, help="processes that compile ahead (0: none)")
     parser.add_argument("--lengths", default="1024,4096,16384", help="sequence lengths N (fwd, fp8, dims, train)")
+    parser.add_argument("--dims", help="head dims D, comma-separated (default: each section's own; not check)")
+    parser.add_argument("--causal", choices=("y", "n"), help="only causal cases, or only the others (not check)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="timing rounds that take turns between implementations (not small)")
     parser.add_argument("--reps", type=int, default=4, help="repetitions of the small cases")
@@ -815,7 +838,9 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("solutions.tuned_bench needs a CUDA GPU (use --table CSV to print saved results)")
     import course  # noqa: F401
-    LENGTHS = tuple(int(n) for n in args.lengths.split(","))
+    _select((tuple(int(n) for n in args.lengths.split(",")),
+             tuple(int(d) for d in args.dims.split(",")) if args.dims else None,
+             None if args.causal is None else args.causal == "y"))
     ROUNDS = args.rounds
     sections = [s for s in args.only.split(",") if s]
     if args.tutorial:
@@ -832,7 +857,7 @@ def main(argv=None):
         writer.writeheader()
         for section in sections:
             t0 = time.time()
-            for case in SECTIONS[section]():
+            for case in cases(section):
                 if section == "small":
                     case_rows = run_small(case, args.reps)
                 else:

@@ -198,6 +198,28 @@ def test_tuned_bench_compiles_each_config_with_its_descriptor_tiles():
     assert "out of shared memory" in failed[0] and tuned.nargs is None
 
 
+def test_tuned_bench_runs_the_cases_that_dims_and_causal_select(monkeypatch):
+    """--dims and --causal narrow every section but check, in the timed process and in
+    the processes that compile ahead (they index the same narrowed list)."""
+    import torch
+    from solutions import tuned_bench as tb
+    monkeypatch.setattr(tb, "LENGTHS", tb.LENGTHS)
+    monkeypatch.setattr(tb, "DIMS", tb.DIMS)
+    monkeypatch.setattr(tb, "CAUSAL", tb.CAUSAL)
+    everything = {s: tb.cases(s) for s in tb.SECTIONS}
+    tb._select(((1024, 4096), (128,), True))
+    fp8 = tb.cases("fp8")
+    assert [(c["D"], c["N"], c["causal"]) for c in fp8] == [(128, 1024, True), (128, 4096, True)]
+    assert [(c["dtype"], c["D"], c["causal"]) for c in tb.cases("small")] == [
+        (torch.bfloat16, 128, True), (torch.float16, 128, True)]
+    assert tb.cases("dims") == [] and tb.cases("check") == everything["check"]
+    worker = tb._selection()
+    tb._select((tb.LENGTHS, None, None))
+    assert len(tb.cases("fp8")) == 8
+    tb._select(worker)
+    assert tb.cases("fp8") == fp8 and len(everything["fp8"]) == 12
+
+
 def test_tuned_bench_gives_the_tutorial_our_fp8_tensors(monkeypatch):
     """The fp8 section's tutorial rows run on the very e5m2 tensors "e5m2-o8" reads (V
     with keys contiguous, as both kernels want it), the descales folded into the softmax
