@@ -162,11 +162,12 @@ def _tutorial_config():
 
 
 def _config_that_ran(name):
-    """The config of implementation `name`'s latest forward: ours' or the tutorial's
-    ("" for SDPA's backends, which name none)."""
+    """The config of implementation `name`'s latest forward: the tutorial's for its rows,
+    none for SDPA's backends ("FA2", "cuDNN"), ours for every other row ("ours...", and
+    the FP8 section's "fp16", "e4m3", ...)."""
     if name.startswith("tut"):
         return _tutorial_config()
-    return _chosen_config() if name.startswith("ours") else ""
+    return "" if name in ("FA2", "cuDNN") else _chosen_config()
 
 
 def _with(module, name, value, fn):
@@ -442,7 +443,7 @@ def run_fp8(case):
             # values, small) is off by ~5% (e4m3) to ~10% (e5m2); a wrong kernel is off by ~100%.
             tol = 2e-2 if name == "fp16" else 0.3
             status = "ok" if err < tol else f"WRONG {err:.2g}"
-            config = _tutorial_config() if name.startswith("tut") else _chosen_config()
+            config = _config_that_ran(name)
             rows[name] = _row(case, "fwd", name, err=f"{err:.2e}", err_kernel=err_k, config=config,
                               status=status)
             if status == "ok":

@@ -130,6 +130,11 @@ def test_tuned_bench_names_the_config_that_ran(monkeypatch):
                        (flash_tuned.GLUON, "gluon"), (None, "")):
         monkeypatch.setattr(flash_tuned, "LAST_CONFIG", [last])
         assert tb._chosen_config() == text
+    # each row's column: ours' rows (FP8's too) ours, SDPA's none, the tutorial's its own
+    monkeypatch.setattr(tb, "_tutorial_config", lambda: "64x64x4x3")
+    monkeypatch.setattr(flash_tuned, "LAST_CONFIG", [flash_tuned._config(128, 64, 8, 3)])
+    assert [tb._config_that_ran(n) for n in ("ours", "ours-padded", "e4m3", "e5m2-o8", "FA2", "cuDNN",
+                                             "tut", "tut-e5m2-ws")] == ["128x64x8x3"] * 4 + ["", ""] + ["64x64x4x3"] * 2
 
 
 def test_tuned_bench_names_the_tutorials_config(monkeypatch):
