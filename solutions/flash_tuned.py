@@ -73,7 +73,12 @@ SHORTLIST_FP8 = {
 # NaN on the H100 (3j), so the lists hold 2-stage ones.
 SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4, 3, "tma")],
                  128: [(128, 64, 4, 2, "tma"), (128, 128, 8, 2, "ws"), (64, 64, 4, 3, "tma"),
-                       (128, 128, 4, 2, "ws")]}
+                       (128, 128, 4, 2, "ws")],
+                 # Q in shared memory frees registers: the pointer 128 x 64 x 8 x 2 takes 255
+                 # and spills causal; these take 184-228 and spill nothing (PERF.md 4b), and
+                 # the forward ran 2-8% faster (4c)
+                 256: [(128, 64, 8, 2, "tma"), (64, 64, 4, 2, "tma"), (128, 32, 8, 2, "tma"),
+                       (128, 64, 8, 2, "ws")]}
 SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma")],
                      128: [(64, 64, 4, 3, "tma"), (128, 64, 4, 3, "tma"), (128, 64, 4, 4, "tma"),
                            (128, 128, 4, 2, "ws"), (64, 128, 4, 3, "tma")]}  # the last: 3y, not causal
@@ -180,11 +185,12 @@ def _fit_descriptors(nargs):
     the config's tiles (a descriptor's block shape is part of it)."""
     blocks = _block_shapes(nargs["BLOCK_Q"], nargs["BLOCK_K"], nargs["BLOCK_D"], nargs["V_T"])
     for desc, block in zip((nargs["Q_DESC"], nargs["K_DESC"], nargs["V_DESC"]), blocks):
-        desc.block_shape = block
+        desc.block_shape = block[4 - len(desc.shape):]
 
 
 def _block_shapes(block_q, block_k, block_d, v_t):
-    """The tiles of Q, K and V's descriptors (all of rank 4, one head at a time)."""
+    """The tiles of Q, K and V's descriptors, one head at a time, as rank 4; a rank-3
+    descriptor (`_layouts`) takes the last three."""
     return [1, 1, block_q, block_d], [1, 1, block_k, block_d], (
         [1, 1, block_d, block_k] if v_t else [1, 1, block_k, block_d])
 
@@ -285,16 +291,24 @@ def _tma_ok(q, k, v, v_t):
     if not TRY_WS or not (INTERPRET or _capability(k.device)[0] == 9):
         return False
     size = k.element_size()
-    return not any(t.data_ptr() % 16 or strides[3] != 1 or any(x == 0 or x * size % 16 for x in strides[:3])
+    return not any(t.data_ptr() % 16 or strides[-1] != 1 or any(x == 0 or x * size % 16 for x in strides[:-1])
                    for t, _, strides in _layouts(q, k, v, v_t))
 
 
 def _layouts(q, k, v, v_t):
     """(tensor, shape, strides) of q, k, v as their descriptors see them: [B, H, N, D];
-    V_T stores V's keys contiguous, so its descriptor is [B, H, D, N]."""
+    V_T stores V's keys contiguous, so its descriptor is [B, H, D, N]. FP8's K and V, where
+    their batch and head dims merge (as in a contiguous tensor), are seen as [B * H, N, D]:
+    a program's coordinates are then (b * H + h, row, 0), which the kernel has before its
+    loop, and the loop keeps one coordinate fewer. Measured on the H200 (PERF.md 4c): FP8
+    0.4-0.7% faster, fp16 up to 3.8% slower, so fp16 and bf16 keep rank 4."""
+    def merged(t, shape, strides):
+        if t.dtype in FP8_DTYPES and strides[0] == shape[1] * strides[1]:
+            return t, [shape[0] * shape[1], *shape[2:]], strides[1:]
+        return t, shape, strides
     v_layout = (v, [*v.shape[:2], v.shape[3], v.shape[2]], [v.stride(0), v.stride(1), v.stride(3), 1]
                 ) if v_t else (v, [*v.shape], [*v.stride()])
-    return (q, [*q.shape], [*q.stride()]), (k, [*k.shape], [*k.stride()]), v_layout
+    return ((q, [*q.shape], [*q.stride()]), merged(k, [*k.shape], [*k.stride()]), merged(*v_layout))
 
 
 def _scratch(size, alignment, stream):
@@ -530,8 +544,8 @@ def _descriptors(q, k, v, v_t, blocks):
     tiles `blocks` (`_block_shapes`). Made on the device instead, each program spent
     time on three of them before its first load: up to 22% of a forward at N = 1024
     on the H100 (PERF.md 3g)."""
-    return tuple(TensorDescriptor(*layout, block)
-                 for layout, block in zip(_layouts(q, k, v, v_t), blocks))
+    return tuple(TensorDescriptor(t, shape, strides, block[4 - len(shape):])
+                 for (t, shape, strides), block in zip(_layouts(q, k, v, v_t), blocks))
 
 
 def cdiv(a, b):
@@ -710,23 +724,32 @@ def _attend(acc, acc2, l_i, m_i, q, q2, k_base, v_base, stride_kn, stride_vn, ro
 
 
 @triton.jit
-def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, rows, lo, hi, N_K, qk_scale,
+def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, bh_kv, rows, lo, hi, N_K, qk_scale,
                 BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASKED: tl.constexpr,
                 CAUSAL: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr, WS: tl.constexpr):
-    """`_attend` for one column block through tensor descriptors of head (b, h_kv) (TMA
-    copies; keys past N_K arrive as zeros, and MASKED hides their scores); with WS in a
-    warp-specialized loop (Hopper: TMA copies by producer warps, products and softmax by
-    the others)."""
+    """`_attend` for one column block through tensor descriptors of head (b, h_kv), or of
+    row bh_kv where K or V is rank 3 (TMA copies; keys past N_K arrive as zeros, and
+    MASKED hides their scores); with WS in a warp-specialized loop (Hopper: TMA copies by
+    producer warps, products and softmax by the others)."""
     offs_k = tl.arange(0, BLOCK_K)
+    K_RANK3: tl.constexpr = len(k_desc.block_shape) == 3  # each merged or not (`_layouts`)
+    V_RANK3: tl.constexpr = len(v_desc.block_shape) == 3
     for start in tl.range(lo, hi, BLOCK_K, warp_specialize=WS):
-        k = k_desc.load([b, h_kv, start, 0]).reshape(BLOCK_K, BLOCK_D)
+        if K_RANK3:
+            k = k_desc.load([bh_kv, start, 0]).reshape(BLOCK_K, BLOCK_D)
+        else:
+            k = k_desc.load([b, h_kv, start, 0]).reshape(BLOCK_K, BLOCK_D)
         s = tl.dot(q, k.T)
         s, m_new = _exponents(s, m_i, start + offs_k, rows, N_K, qk_scale, MASKED, CAUSAL, FP8)
         p = tl.exp2(s)
         alpha = tl.exp2(m_i - m_new)
         l_ij = tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if V_T:
+        if V_RANK3 and V_T:
+            v = v_desc.load([bh_kv, 0, start]).reshape(BLOCK_D, BLOCK_K).T
+        elif V_RANK3:
+            v = v_desc.load([bh_kv, start, 0]).reshape(BLOCK_K, BLOCK_D)
+        elif V_T:
             v = v_desc.load([b, h_kv, 0, start]).reshape(BLOCK_D, BLOCK_K).T
         else:
             v = v_desc.load([b, h_kv, start, 0]).reshape(BLOCK_K, BLOCK_D)
@@ -776,6 +799,7 @@ def flash_attention_fwd_kernel(
         b32 = pid_bh // H
         h32 = pid_bh % H
     h_kv32 = h32 // GROUP  # (int32: descriptors' coordinates)
+    bh_kv32 = b32 * (H // GROUP) + h_kv32  # K and V's row where their descriptors are rank 3
     b = b32.to(tl.int64)  # int64 offsets: large tensors pass 2**31 elements
     h = h32.to(tl.int64)
     h_kv = h_kv32.to(tl.int64)
@@ -840,7 +864,7 @@ def flash_attention_fwd_kernel(
     if TMA:
         # Tensor descriptors made on the host (TMA copies); with WS, Triton's warp
         # specialization too: producer warps issue the copies, the others compute.
-        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h_kv32, rows, 0,
+        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h_kv32, bh_kv32, rows, 0,
                                     full_end, N_K, qk_scale, BLOCK_D, BLOCK_K, False, CAUSAL, FP8,
                                     V_T, WS)
     else:
@@ -857,7 +881,7 @@ def flash_attention_fwd_kernel(
     masked_end = full_end + (BLOCK_Q if CAUSAL else BLOCK_K)
     if CAUSAL or not EVEN_K:
         if TMA:
-            acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h_kv32, rows,
+            acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, K_DESC, V_DESC, b32, h_kv32, bh_kv32, rows,
                                         full_end, masked_end, N_K, qk_scale, BLOCK_D, BLOCK_K, True,
                                         CAUSAL, FP8, V_T, False)
         else:

@@ -192,7 +192,7 @@ def test_tuned_bench_compiles_each_config_with_its_descriptor_tiles():
         compiled.append((kwargs["BLOCK_Q"], kwargs["BLOCK_K"], [d.block_shape for d in args]))
 
     tuned.fn = types.SimpleNamespace(warmup=warmup)
-    descs = [types.SimpleNamespace(block_shape=[1, 1, 16, 16]) for _ in range(3)]
+    descs = [types.SimpleNamespace(shape=[2, 3, 100, 64], block_shape=[1, 1, 16, 16]) for _ in range(3)]
     failed = tb.warm_configs(tuned, descs, dict(BLOCK_D=64, V_T=False))
     assert compiled == [
         (64, 32, [[1, 1, 64, 64], [1, 1, 32, 64], [1, 1, 32, 64]]),

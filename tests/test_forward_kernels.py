@@ -747,8 +747,7 @@ def test_every_shortlisted_forward_config(monkeypatch, D, kind, config, causal, 
 
 
 DESCRIPTOR_CONFIGS = {f"D{D}-" + "x".join(map(str, c)): (D, c)
-                      for D, configs in ((64, flash_tuned.SHORTLIST_TMA[64]),
-                                         (128, flash_tuned.SHORTLIST_TMA[128])) for c in configs}
+                      for D, configs in flash_tuned.SHORTLIST_TMA.items() for c in configs}
 
 
 def test_autotuning_takes_the_best_median_of_rounds_in_turn(monkeypatch):
@@ -822,6 +821,33 @@ def test_inputs_expanded_over_batch_and_heads_run_without_descriptors():
         o_ref, lse_ref = reference64(q, k, v, causal)
         assert_close(o, o_ref, name=f"o causal={causal}", dim_names=("b", "h", "row", "col"), quiet=True)
         assert_close(lse, lse_ref, name="lse", atol=1e-3, rtol=1e-3, quiet=True)
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_fp8_descriptors_merge_batch_and_heads_where_the_strides_allow(monkeypatch, fp8_rounding, layout):
+    """FP8's K and V contiguous: rank-3 descriptors over [B * Hkv, N, D], each program at
+    row b * Hkv + h_kv (B = 3 and GQA: a row computed from H instead reads another head's
+    keys). K in a [B, N, H, D] buffer keeps rank 4, as Q always does, and so do fp16's K
+    and V (slower at rank 3 on the H200, PERF.md 4c)."""
+    if GPU and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs sm_89+")
+    if not GPU:  # past the device check, as in test_fp8_batches_past_the_grid_limit_run_in_slices
+        monkeypatch.setattr(flash_tuned, "check_fp8_inputs", lambda q, k, v, out_dtype:
+                            flash_tuned._fp8_shapes(q.shape, k.shape, v.shape))
+    config = flash_tuned.SHORTLIST_TMA_FP8[64][0]
+    _choose(monkeypatch, config)
+    (q8, dq), (k8, dk), (v8, dv) = make_fp8(3, 4, 2, 150, 144, 64, torch.float8_e5m2, seed=7)
+    if layout == "bnhd":  # the same values in [B, N, H, D] buffers
+        q8, k8 = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q8, k8))
+    vt = flash_tuned.transpose_v_fp8(v8)  # contiguous: rank 3 in both cases
+    ranks = [len(shape) for _, shape, _ in flash_tuned._layouts(q8, k8, vt, True)]
+    assert ranks == ([4, 3, 3] if layout == "bhnd" else [4, 4, 3])
+    q16, k16, v16 = (t.to(torch.float16) for t in (q8, k8, v8))
+    assert [len(shape) for _, shape, _ in flash_tuned._layouts(q16, k16, v16, False)] == [4, 4, 4]
+    assert flash_tuned._tma_ok(q8, k8, vt, True)
+    o, lse = flash_tuned.flash_attention_fp8(q8, k8, vt, causal=True, descale_q=dq, descale_k=dk,
+                                             descale_v=dv)
+    _fp8_check(o, lse, q8, k8, v8, True, dq, dk, dv)
 
 
 @pytest.mark.parametrize("D, config", DESCRIPTOR_CONFIGS.values(), ids=DESCRIPTOR_CONFIGS.keys())
