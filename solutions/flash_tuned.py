@@ -298,8 +298,8 @@ def _tma_ok(q, k, v, v_t):
 def _layouts(q, k, v, v_t):
     """(tensor, shape, strides) of q, k, v as their descriptors see them: [B, H, N, D];
     V_T stores V's keys contiguous, so its descriptor is [B, H, D, N]. FP8's K and V, where
-    their batch and head dims merge (as in a contiguous tensor), are seen as [B * H, N, D]:
-    a program's coordinates are then (b * H + h, row, 0), which the kernel has before its
+    their batch and head dims merge (as in a contiguous tensor), are seen as [B * Hkv, N, D]:
+    a program's coordinates are then (b * Hkv + h_kv, row, 0), which the kernel has before its
     loop, and the loop keeps one coordinate fewer. Measured on the H200 (PERF.md 4c): FP8
     0.4-0.7% faster, fp16 up to 3.8% slower, so fp16 and bf16 keep rank 4."""
     def merged(t, shape, strides):
