@@ -590,10 +590,18 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     key = (Nq, Nk, D, causal, H // Hkv, q.dtype)  # the autotuners' key, and the dtype
 
     launch = _launcher(config, consts, key)
+    dkdv_grid = lambda c: (flash_tuned.cdiv(Nk, c["BLOCK_N"]), B * Hkv)  # noqa: E731
 
     def launch_dkdv(dq):
-        launch(bwd_dkdv_kernel, _dkdv_fused_tuned if fused else _dkdv_tuned, "dkdv",
-               lambda c: (flash_tuned.cdiv(Nk, c["BLOCK_N"]), B * Hkv),
+        if block_d == 256 and not fused and flash_tuned.ROWS_D256:
+            # 256 columns: the dK/dV kernel with the scores queries-along-rows, which
+            # computes them once, not once per warpgroup (imported here, since it
+            # imports this module).
+            from solutions import flash_backward_d256 as d256
+            launch(d256.bwd_dkdv_rows_kernel, d256.dkdv_rows_tuned, "dkdv", dkdv_grid,
+                   q, k, v, do, lse, delta, dk, dv, *strides, H, Hkv, Nq, Nk, scale)
+            return
+        launch(bwd_dkdv_kernel, _dkdv_fused_tuned if fused else _dkdv_tuned, "dkdv", dkdv_grid,
                q, k, v, do, lse, delta, dk, dv, dq, *strides, H, Hkv, Nq, Nk, scale,
                FUSED_DQ=fused)
 

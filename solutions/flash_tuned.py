@@ -108,6 +108,8 @@ P_SHIFT_C = tl.constexpr(P_SHIFT)  # the same, usable inside kernels
 _CHOSEN = {}
 SPLIT_D = True        # False: one column block padded to a power of two, forward and backward
                       # (for comparisons)
+ROWS_D256 = True      # False: module 08's dK/dV kernel at 256 columns too, not
+                      # solutions/flash_backward_d256.py's (for comparisons)
 LAST_CONFIG = [None]  # the config of the latest launch (for the benchmark's tables)
 GLUON = "gluon"      # ... when flash_gluon's kernel ran it
 
@@ -407,7 +409,7 @@ def plan_signature(name, tensors, *values):
         hash(values)
     except TypeError:  # an odd argument (sm_scale a list): the call's checks say what is wrong
         return None
-    return (name, TRY_WS, TRY_GLUON, SPLIT_D, GLUON_HEAD_DIMS, *values,
+    return (name, TRY_WS, TRY_GLUON, SPLIT_D, ROWS_D256, GLUON_HEAD_DIMS, *values,
             *[(type(t), t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors])
 
 

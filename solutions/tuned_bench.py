@@ -20,7 +20,8 @@ Sections (H = 16, B * N = 16384, N in 1024 / 4096 / 16384, causal or not):
          inputs, and against the reference on the dequantized inputs (the kernel's own
          error: P in e4m3, FP8 accumulation).
 - dims:  fp16 D = 160 / 192 / 256, forward and forward+backward: ours; ours with one
-         column block padded to 256 ("ours-padded", module 08's backward kernels); SDPA's
+         column block padded to 256 ("ours-padded": module 08's backward kernels as they
+         are, at D = 256 too, where "ours" takes flash_backward_d256's dK/dV kernel); SDPA's
          FlashAttention-2 and cuDNN backends.
 - train: forward+backward at D = 64 / 128, fp16 and bf16: ours, FA2, cuDNN, and (fp16)
          the tutorial's own forward+backward, without and with warp specialization.
@@ -343,7 +344,9 @@ def _dims_impls(case, q, k, v, train):
     c = case["causal"]
     if train:  # the backward splits the head dim as the forward does (SPLIT_D)
         impls = _train_impls(case, q, k, v)
-        impls["ours-padded"] = _with(flash_tuned, "SPLIT_D", False, impls["ours"])
+        # module 08's backward kernels as they are: padded, and at 256 columns its own dK/dV
+        impls["ours-padded"] = _with(flash_tuned, "SPLIT_D", False,
+                                     _with(flash_tuned, "ROWS_D256", False, impls["ours"]))
         return impls
     return {"ours": lambda: flash_tuned.flash_attention_forward(q, k, v, causal=c)[0],
             "ours-padded": _with(flash_tuned, "SPLIT_D", False,

@@ -13,6 +13,7 @@ import torch
 
 from course.testing import CheckFailed, assert_close, count_launches, guarded_input, randn
 from solutions import flash_backward as fb
+from solutions import flash_backward_d256 as d256
 from solutions import flash_backward_split as split
 from solutions.naive_attention import attention_reference, attention_scores
 
@@ -268,10 +269,32 @@ def test_split_head_dims_run_the_split_kernels():
     assert fused[0] == 0 and fused[1] == 0 and fused[2] >= 1, fused
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [256, 200])
+def test_256_columns_run_the_rows_dkdv_kernel(D, causal, monkeypatch):
+    """At 256 columns (D = 256, or 200 padded to 256: nothing splits it) the unfused
+    backward's dK/dV is flash_backward_d256's kernel (scores queries-along-rows), with the
+    gradients right on ragged lengths with GQA; fused, or with flash_tuned.ROWS_D256 off
+    (the benchmark's "ours-padded"), module 08's."""
+    seed = fresh_seed()
+    q, k, v, do = _inputs(seed, 1, 4, 2, 97 if not causal else 70, 70, D)
+    _, *refs = reference(q, k, v, do, causal)
+    launches = {}
+    for name, fused, rows in (("rows", False, True), ("fused", True, True), ("off", False, False)):
+        monkeypatch.setattr(fb.flash_tuned, "ROWS_D256", rows)
+        with count_launches(d256.bwd_dkdv_rows_kernel) as by_rows, count_launches(fb.bwd_dkdv_kernel) as m08:
+            _, *grads = run_backward(q, k, v, do, causal, fused)
+        launches[name] = (by_rows[0] > 0, m08[0] > 0)
+        check_grads(grads, refs, torch.float32, f"seed={seed} {name} causal={causal}")
+    assert launches == {"rows": (True, False), "fused": (False, True), "off": (False, True)}, launches
+
+
 def _shortlisted():
-    """(id, D, fp32, fused, config) for every config the backward's autotuners may pick on
-    a GPU (module 08's kernels per head-dim bucket, the split kernels per width class, and
-    the fp32 lists of both), the other kernel at its bucket's first config."""
+    """(id, D, fp32, fused, config, rows) for every config the backward's autotuners may
+    pick on a GPU (module 08's kernels per head-dim bucket, the split kernels per width
+    class, the D = 256 dK/dV kernel, and the fp32 lists of all), the other kernel at its
+    bucket's first config. rows: flash_tuned.ROWS_D256, False for module 08's own 256
+    bucket (which the benchmark's "ours-padded" runs)."""
     def tiles(t):
         return dict(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3])
 
@@ -290,7 +313,12 @@ def _shortlisted():
                     config = {"dkdv": tiles(t)} if which == "dkdv_fused" else {
                         which: tiles(t), other: tiles(table[other][bucket][0])}
                     cases.append((f"{kind}-{which}-{bucket}-{'x'.join(map(str, t))}", dims[bucket],
-                                  bucket == "fp32", which == "dkdv_fused", config))
+                                  bucket == "fp32", which == "dkdv_fused", config, kind != "padded"))
+    rows = [(t, fb.SHORTLIST["dq"][256][0], False) for t in d256.SHORTLIST]
+    rows += [(fb.FP32_SHORTLIST["dkdv"][0], fb.FP32_SHORTLIST["dq"][0], True)]
+    for t, dq, fp32_ in rows:
+        cases.append((f"rows-dkdv-256-{'fp32-' if fp32_ else ''}{'x'.join(map(str, t))}", 256, fp32_,
+                      False, {"dkdv": tiles(t), "dq": tiles(dq)}, True))
     return cases
 
 
@@ -298,12 +326,15 @@ SHORTLISTED = _shortlisted()
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("D, fp32, fused, config", [c[1:] for c in SHORTLISTED], ids=[c[0] for c in SHORTLISTED])
-def test_every_shortlisted_config_computes_the_gradients(D, fp32, fused, config, causal):
+@pytest.mark.parametrize("D, fp32, fused, config, rows", [c[1:] for c in SHORTLISTED],
+                         ids=[c[0] for c in SHORTLISTED])
+def test_every_shortlisted_config_computes_the_gradients(D, fp32, fused, config, rows, causal,
+                                                         monkeypatch):
     """Each tile shape the autotuners may choose, on lengths ragged for every tile (97
     queries, 70 keys) with GQA: the block ranges (diagonal, unmasked middle, ragged tail)
     depend on the tiles. fp32 in the interpreter (tiles honoured, warps and stages not);
     on a GPU fp16, except the fp32 configs."""
+    monkeypatch.setattr(fb.flash_tuned, "ROWS_D256", rows)
     seed = fresh_seed()
     dtype = torch.float32 if fp32 or not ON_GPU else torch.float16
     q, k, v, do = _inputs(seed, 1, 4, 2, 97, 70, D, dtype)
