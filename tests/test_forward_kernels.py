@@ -283,8 +283,15 @@ def test_a_launch_plan_repeats_a_calls_launches_with_the_next_calls_tensors(monk
         call()
         call()
         assert [s[0] for s in flash_tuned._PLANS] == planned, name
-    monkeypatch.setattr(flash_tuned, "TRY_GLUON", not flash_tuned.TRY_GLUON)
-    assert flash_tuned.plan_signature("test", (x, y), 7) not in flash_tuned._PLANS
+    flash_tuned._PLANS.clear()
+    wrapper(x, y)
+    wrapper(x, y)
+    for setting in ("TRY_GLUON", "SPLIT_D", "ROWS_D256"):  # each setting is in the key
+        planned = flash_tuned.plan_signature("test", (x, y), 7)
+        assert planned in flash_tuned._PLANS, setting
+        monkeypatch.setattr(flash_tuned, setting, not getattr(flash_tuned, setting))
+        assert flash_tuned.plan_signature("test", (x, y), 7) not in flash_tuned._PLANS, setting
+        monkeypatch.setattr(flash_tuned, setting, not getattr(flash_tuned, setting))
     assert flash_tuned.plan_signature("test", (x, "y"), 7) is None
 
 
