@@ -666,6 +666,15 @@ checks.check_choice(fused_tradeoff_answer, name="fused_tradeoff_answer")
 # cuDNN and 1.29-1.72x FlashAttention-2 on the H100 (`solutions/PERF.md`, steps 3p and 3s).
 # At `N = 1,024` a step takes about as long to launch from Python as to run on the GPU
 # (module 07, step 5).
+#
+# **At `D = 256`, your layout meets a compiler rule.** `dK` and `dV` (64 x 256 fp32 each)
+# fill half the registers of 8 warps, so the dK/dV tile holds 64 keys on 8 warps. Triton
+# lays out a product whose result feeds another product (`Sᵀ` feeds `dV`'s) with every
+# warp along its rows, 16 rows a warp: 8 warps cover 128 rows, so on 64 key rows both
+# halves of the program computed the same `Sᵀ` and `dPᵀ`, 1.5x the products needed. The
+# answer key's tuned kernel at that width turns the scores back: `S = Q Kᵀ` over 128 query
+# rows, and `dV += Pᵀ dO`, `dK += dSᵀ Q` with the transposes taken from shared memory. Its backward ran 1.29-1.40x faster on an H200, and
+# forward and backward together 0.87-0.95x cuDNN (`solutions/PERF.md`, steps 4c and 4d).
 
 # %% [markdown]
 # ## 11. Will it compile on a GPU?
