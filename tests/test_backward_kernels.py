@@ -289,6 +289,28 @@ def test_256_columns_run_the_rows_dkdv_kernel(D, causal, monkeypatch):
     assert launches == {"rows": (True, False), "fused": (False, True), "off": (False, True)}, launches
 
 
+def test_no_shortlisted_tile_has_warps_compute_the_same_scores():
+    """Triton lays a product whose result feeds another product (the scores: S feeds P V,
+    S^T feeds dV's) out with every warp along its rows, 16 rows a warp for Hopper's
+    wgmma: with fewer rows than 16 x num_warps, warps compute the same rows (PERF.md 4c).
+    So every tile of the lists has at least that many score rows: the forward's query
+    block, the dQ and the rows kernels' query block, module 08's and the split dK/dV
+    kernels' key block. The exceptions are module 08's kernel at 256 columns, which the
+    tuned path runs only fused or with ROWS_D256 off ("ours-padded")."""
+    ft = fb.flash_tuned
+    tiles = {"forward": [t for lists in (ft.SHORTLIST, ft.SHORTLIST_FP8, ft.SHORTLIST_TMA, ft.SHORTLIST_TMA_FP8)
+                         for entries in lists.values() for t in entries if t[4:] != ("ws",)],
+             "dQ": [t for lists in (fb.SHORTLIST, split.SHORTLIST) for t in sum(lists["dq"].values(), [])],
+             "rows dK/dV": d256.SHORTLIST,
+             "dK/dV": [t for lists in (fb.SHORTLIST, split.SHORTLIST) for which in ("dkdv", "dkdv_fused")
+                       for width, entries in lists.get(which, {}).items() if width != 256 for t in entries]}
+    score_rows = {"forward": 0, "dQ": 0, "rows dK/dV": 0, "dK/dV": 1}  # index of the rows' block
+    short = [(kind, t) for kind, entries in tiles.items() for t in entries if t[score_rows[kind]] < 16 * t[2]]
+    assert not short, f"tiles whose warps would compute the same score rows: {short}"
+    assert all(t[1] < 16 * t[2] for t in fb.SHORTLIST["dkdv"][256] + fb.SHORTLIST["dkdv_fused"][256][:1]), \
+        "module 08's 256 tiles: the exceptions named above (update this test if they change)"
+
+
 def _shortlisted():
     """(id, D, fp32, fused, config, rows) for every config the backward's autotuners may
     pick on a GPU (module 08's kernels per head-dim bucket, the split kernels per width
