@@ -95,7 +95,7 @@ def bwd_dkdv_rows_kernel(
         rows = (b * H + h) * N_Q       # first row of this head in dO, lse and delta
         do_base = DO + rows * HEAD_DIM
         # The blocks without masks first, then the ragged tail, then (causal) the diagonal:
-        # measured 1.10-1.12x faster causal than module 08's order (PERF.md 4d), whose
+        # causal, 4-11% less time than in module 08's order (PERF.md 4d), whose
         # masked loops before this one leave it more registers spilled.
         dk, dv = _dkdv_rows_q_blocks(
             dk, dv, k, v, q_base, do_base, LSE + rows, DELTA + rows, stride_qn,
