@@ -590,7 +590,8 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     key = (Nq, Nk, D, causal, H // Hkv, q.dtype)  # the autotuners' key, and the dtype
 
     launch = _launcher(config, consts, key)
-    dkdv_grid = lambda c: (flash_tuned.cdiv(Nk, c["BLOCK_N"]), B * Hkv)  # noqa: E731
+    def dkdv_grid(c):
+        return flash_tuned.cdiv(Nk, c["BLOCK_N"]), B * Hkv
 
     def launch_dkdv(dq):
         if block_d == 256 and not fused and flash_tuned.ROWS_D256:
