@@ -70,8 +70,12 @@ SHORTLIST_FP8 = {
 # ("ws"). Power-of-two head dims only; they compete with the above where `_tma_ok`
 # allows. From sweeps on an H200 and an H100 (PERF.md 3f, 3g, 3j). A 4-warp "ws" config
 # runs only where nothing is masked (`single_loop_only`); with 3 stages its output was
-# NaN on the H100 (3j), so the lists hold 2-stage ones.
-SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4, 3, "tma")],
+# NaN on the H100 (3j), so the lists hold 2-stage ones. A sixth entry caps the registers
+# a thread (maxnreg): the fp16 64 x 64 x 4 tiles take 114-120, so four programs share an
+# SM; capped at 96 (no spills) five fit where shared memory allows (2 stages, or FP8).
+# Causal at N = 1024 that ran 1-2% faster; at 88 it ran 3x slower (PERF.md 4e).
+SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4, 3, "tma"),
+                      (64, 64, 4, 2, "tma", 96)],
                  128: [(128, 64, 4, 2, "tma"), (128, 128, 8, 2, "ws"), (64, 64, 4, 3, "tma"),
                        (128, 128, 4, 2, "ws")],
                  # Q in shared memory frees registers: the pointer 128 x 64 x 8 x 2 takes 255
@@ -79,7 +83,7 @@ SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4,
                  # the forward ran 2-8% faster (4c)
                  256: [(128, 64, 8, 2, "tma"), (64, 64, 4, 2, "tma"), (128, 32, 8, 2, "tma"),
                        (128, 64, 8, 2, "ws")]}
-SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma")],
+SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma"), (64, 64, 4, 3, "tma", 96)],
                      128: [(64, 64, 4, 3, "tma"), (128, 64, 4, 3, "tma"), (128, 64, 4, 4, "tma"),
                            (128, 128, 4, 2, "ws"), (64, 128, 4, 3, "tma")]}  # the last: 3y, not causal
 # False: never the descriptor configs (for comparisons; FLASH_TUNED_WS=0 sets it).
@@ -173,13 +177,15 @@ def _choose(tuned, grid, args, kwargs):
         tuned.nargs = None
 
 
-def _config(bq, bk, w, s, tag=None):
+def _config(bq, bk, w, s, tag=None, maxnreg=None):
     """tag: None (pointer loads), "tma" (tensor descriptors) or "ws" (descriptors and
     warp specialization). Q_DEVICE: Q's descriptor is made by each program (`Q_DEVICE`
-    in the kernel says why), for the 4-warp "ws" configs."""
+    in the kernel says why), for the 4-warp "ws" configs. maxnreg: registers per thread
+    at most (ptxas's cap), so that more programs fit on an SM."""
     return triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk, "TMA": tag is not None, "WS": tag == "ws",
                           "Q_DEVICE": single_loop_only((bq, bk, w, s, tag))},
-                         num_warps=w, num_stages=s, pre_hook=_fit_descriptors if tag else None)
+                         num_warps=w, num_stages=s, maxnreg=maxnreg,
+                         pre_hook=_fit_descriptors if tag else None)
 
 
 def _fit_descriptors(nargs):
@@ -198,10 +204,12 @@ def _block_shapes(block_q, block_k, block_d, v_t):
 
 
 def _shape(config):
-    """A config as a shortlist names it: (BLOCK_Q, BLOCK_K, warps, stages[, "tma" | "ws"])."""
+    """A config as a shortlist names it: (BLOCK_Q, BLOCK_K, warps, stages[, "tma" | "ws"
+    [, maxnreg]])."""
     shape = (config.kwargs["BLOCK_Q"], config.kwargs["BLOCK_K"], config.num_warps, config.num_stages)
     if config.kwargs.get("TMA"):
-        return shape + ("ws" if config.kwargs.get("WS") else "tma",)
+        shape += ("ws" if config.kwargs.get("WS") else "tma",)
+        return shape + (config.maxnreg,) if config.maxnreg else shape
     return shape
 
 
@@ -222,7 +230,7 @@ def single_loop_only(shape):
     """A 4-warp "ws" config compiles only where its loop is the program's one loop: with
     Triton 3.6 the warp specialization fails when the masked stage (causal, or ragged
     keys) follows it (PERF.md 3f). The autotuner offers it only where nothing is masked."""
-    return shape[4:] == ("ws",) and shape[2] == 4
+    return shape[4:5] == ("ws",) and shape[2] == 4
 
 
 def offered(shape, causal, n_k):

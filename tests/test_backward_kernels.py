@@ -299,7 +299,7 @@ def test_no_shortlisted_tile_has_warps_compute_the_same_scores():
     tuned path runs only fused or with ROWS_D256 off ("ours-padded")."""
     ft = fb.flash_tuned
     tiles = {"forward": [t for lists in (ft.SHORTLIST, ft.SHORTLIST_FP8, ft.SHORTLIST_TMA, ft.SHORTLIST_TMA_FP8)
-                         for entries in lists.values() for t in entries if t[4:] != ("ws",)],
+                         for entries in lists.values() for t in entries if t[4:5] != ("ws",)],
              "dQ": [t for lists in (fb.SHORTLIST, split.SHORTLIST) for t in sum(lists["dq"].values(), [])],
              "rows dK/dV": d256.SHORTLIST,
              "dK/dV": [t for lists in (fb.SHORTLIST, split.SHORTLIST) for which in ("dkdv", "dkdv_fused")

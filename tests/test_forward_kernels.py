@@ -757,6 +757,20 @@ DESCRIPTOR_CONFIGS = {f"D{D}-" + "x".join(map(str, c)): (D, c)
                       for D, configs in flash_tuned.SHORTLIST_TMA.items() for c in configs}
 
 
+def test_every_shortlisted_config_is_found_by_its_name():
+    """The autotuner's pruning finds each shortlisted config by the tuple the list names
+    it with (`_shape`), a register cap (maxnreg) included; the cap reaches the compiler."""
+    lists = (flash_tuned.SHORTLIST, flash_tuned.SHORTLIST_FP8, flash_tuned.SHORTLIST_TMA,
+             flash_tuned.SHORTLIST_TMA_FP8)
+    named = [t for table in lists for entries in table.values() for t in entries]
+    named += [flash_tuned.SHORT_Q, flash_tuned.FP32]
+    assert any(len(t) == 6 for t in named), "no capped config left: drop this test's maxnreg part"
+    for t in named:
+        config = flash_tuned._config(*t)
+        assert flash_tuned._shape(config) == t
+        assert config.all_kwargs().get("maxnreg") == (t[5] if len(t) == 6 else None)
+
+
 def test_autotuning_takes_the_best_median_of_rounds_in_turn(monkeypatch):
     """launch_tuned's choice (`_choose`): every config timed once per round, each round
     starting one config further along, the best median wins. A config that reads fast
