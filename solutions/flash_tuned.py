@@ -71,10 +71,13 @@ SHORTLIST_FP8 = {
 # allows. From sweeps on an H200 and an H100 (PERF.md 3f, 3g, 3j). A 4-warp "ws" config
 # runs only where nothing is masked (`single_loop_only`); with 3 stages its output was
 # NaN on the H100 (3j), so the lists hold 2-stage ones. A sixth entry caps the registers
-# a thread (maxnreg), so that more programs share an SM: FP8's 64 x 64 x 4 x 3 tile takes
-# 28 KB of shared memory, and capped at 96 registers five 4-warp programs fit in an SM's
-# 65536. Causal at N = 1024 that ran 1.6-1.9% faster; at 88 it ran 3x slower (PERF.md 4e).
-SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4, 3, "tma")],
+# a thread (maxnreg), so that more programs share an SM. Uncapped, the fp16 64 x 64 x 4
+# tiles take 114-120, and four 4-warp programs fill an SM's 65536; capped at 96 (no
+# spills), five fit where shared memory allows them too: fp16 with 2 stages (40 KB a
+# program), FP8 with 3 (28 KB). Causal at N = 1024 the forward ran 1-2% faster; at 88
+# registers, 3x slower (PERF.md 4e).
+SHORTLIST_TMA = {64: [(128, 128, 8, 3, "ws"), (128, 64, 8, 3, "ws"), (64, 64, 4, 3, "tma"),
+                      (64, 64, 4, 2, "tma", 96)],
                  128: [(128, 64, 4, 2, "tma"), (128, 128, 8, 2, "ws"), (64, 64, 4, 3, "tma"),
                        (128, 128, 4, 2, "ws")],
                  # Q in shared memory frees registers: the pointer 128 x 64 x 8 x 2 takes 255
