@@ -638,7 +638,8 @@ plt.show()
 #    compiler that the first part runs at least once (`tl.assume`). Without that, at some FP8 tiles every tensor-core product
 #    waited for the one before: 7% slower at `D = 128`.
 # 3. **Longest programs first (causal).** Query blocks run in reverse order, so the GPU's
-#    last wave is made of short programs instead of the longest ones.
+#    last wave is made of short programs instead of the longest ones. (Measured later on
+#    the H200 at `N = 1024`, the opposite order ran as fast, within 1%.)
 # 4. **Loads: measured, mostly kept simple.** Plain pointers take any strides and stay the
 #    default. Tensor descriptors (TMA) made on the device cost 15-25% at `N = 1024` (each
 #    program sets its own up before its first load). One case wants TMA anyway: with 4
@@ -697,6 +698,14 @@ plt.show()
 #    every program gets the same work (step 3's aim). It runs at 1.06-1.39x the Triton
 #    kernel, and 0.92-1.15x cuDNN (H100). Other head dims, strided inputs and other GPUs
 #    keep the Triton kernel.
+# 9. **A register cap.** Occupancy counts registers too. At `D = 64` the 64 x 64 tiles
+#    with 4 warps took 114-120 registers a thread, so four programs filled an SM's 65,536,
+#    however much shared memory was left. `triton.Config(..., maxnreg=96)` tells the
+#    compiler to use at most 96. That fit without spilling, and five programs share an SM
+#    where shared memory has room for them (fp16 with two stages, 40 KB a program). Causal
+#    at `N = 1024` (H200), the forward ran 1% faster in fp16 and 2% in FP8. At 88 the
+#    compiler spilled, and it ran 3x slower. So a cap is one more entry on the autotuner's
+#    list, not a rule.
 #
 # Tried without gain: Triton 3.6's warp specialization with plain pointer loads (402 against
 # 396 TFLOPS; with tensor descriptors it gained 4% at `N = 4096` and lost 4% at `N = 1024`,
