@@ -702,10 +702,10 @@ plt.show()
 #    with 4 warps took 114-120 registers a thread, so four programs filled an SM's 65,536,
 #    however much shared memory was left. `triton.Config(..., maxnreg=96)` tells the
 #    compiler to use at most 96. That fit without spilling, and five programs share an SM
-#    where shared memory has room for them (fp16 with two stages, 40 KB a program). Causal
-#    at `N = 1024` (H200), the forward ran 1% faster in fp16 and 2% in FP8. At 88 the
-#    compiler spilled, and it ran 3x slower. So a cap is one more entry on the autotuner's
-#    list, not a rule.
+#    where shared memory has room for them (fp16 with two stages, 40 KB a program; without
+#    the cap, two stages gained nothing). Causal at `N = 1024` (H200), the forward ran 1%
+#    faster in fp16 and 2% in FP8. At 88 the compiler spilled, and it ran 3x slower. So a
+#    cap is one more entry on the autotuner's list, not a rule.
 #
 # Tried without gain: Triton 3.6's warp specialization with plain pointer loads (402 against
 # 396 TFLOPS; with tensor descriptors it gained 4% at `N = 4096` and lost 4% at `N = 1024`,
