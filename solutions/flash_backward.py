@@ -590,6 +590,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, fused, config=None):
     key = (Nq, Nk, D, causal, H // Hkv, q.dtype)  # the autotuners' key, and the dtype
 
     launch = _launcher(config, consts, key)
+
     def dkdv_grid(c):
         return flash_tuned.cdiv(Nk, c["BLOCK_N"]), B * Hkv
 
