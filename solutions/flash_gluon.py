@@ -22,7 +22,8 @@ The schedule (FlashAttention-3's, on Hopper's asynchronous units):
   again a tile later. With one program per tile, each tile's start and end were exposed
   at short N (N = 1024: 2048 programs of 8 key blocks on 132 SMs; PERF.md 3o).
 - Causal: a tile's 128 rows meet one diagonal block of 128 keys, the only masked one;
-  blocks above it are never loaded. Programs take tiles in pairs of one head, its
+  blocks above it are never loaded. The first warpgroup's rows see only the block's
+  first 64 keys, so it computes those alone (PERF.md 4f: 3-6% at N = 1024). Programs take tiles in pairs of one head, its
   longest tile with its shortest: every pair costs the same, so programs get equal work,
   and programs running together share a few heads' K/V in L2.
 - Any N: descriptors cover [B * H, N, D] in [1, rows, D] blocks, so TMA fills rows past
@@ -86,19 +87,29 @@ def _produce(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_free, v_free, k
 
 
 @gluon.jit
-def _scores(q_smem, k_smem, slot, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """Q K^T, issued (not awaited). Slots are [1, rows, D], the descriptors' blocks."""
+def _rows(smem, slot, rows: gl.constexpr):
+    """The first `rows` rows of ring slot `slot` ([1, BLOCK_N, D], the descriptors'
+    block) as a [rows, D] matrix."""
+    block = smem.index(slot).reshape([smem.shape[2], smem.shape[3]])
+    if rows < smem.shape[2]:
+        block = block.slice(0, rows)
+    return block
+
+
+@gluon.jit
+def _scores(q_smem, k_smem, slot, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, s_layout: gl.constexpr):
+    """Q K^T over the first KEYS keys of a slot, issued (not awaited). Slots are [1, rows, D]."""
     HEAD_D: gl.constexpr = q_smem.shape[2]
-    return warpgroup_mma(q_smem.reshape([BLOCK_M, HEAD_D]), k_smem.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)),
-                         gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    return warpgroup_mma(q_smem.reshape([BLOCK_M, HEAD_D]), _rows(k_smem, slot, KEYS).permute((1, 0)),
+                         gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout), use_acc=False, is_async=True)
 
 
 @gluon.jit
 def _mask(s, q_start, j, N, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-          s_layout: gl.constexpr):
+          KEYS: gl.constexpr, s_layout: gl.constexpr):
     """-inf for the keys past N (TMA read them as zeros) and, causal, for the keys after
-    each query."""
-    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    each query; s holds the first KEYS keys of block j."""
+    cols = j * BLOCK_N + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
     out = cols[None, :] >= N
     if CAUSAL:
         rows = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -109,21 +120,28 @@ def _mask(s, q_start, j, N, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N
 @gluon.jit
 def _step(j, base, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, m_i, l_i, acc, p16, q_start, N,
           qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-          NUM_BUF: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr):
-    """Block j's scores and block j-1's P V issued together; block j's softmax while
-    P V runs. MASK: block j is the masked last one. Block j is the ring's use base + j."""
+          KEYS: gl.constexpr, NUM_BUF: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
+          num_warps: gl.constexpr):
+    """Block j's scores (its first KEYS keys) and block j-1's P V issued together; block
+    j's softmax while P V runs. MASK: block j is the masked last one. Block j is the
+    ring's use base + j."""
     dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = _mma_layout(KEYS, num_warps)
+    # the row statistics travel in the full block's row layout; rows sit in the same
+    # threads at any width, so the conversions move no data
+    m_i = gl.convert_layout(m_i, gl.SliceLayout(1, s_layout))
+    l_i = gl.convert_layout(l_i, gl.SliceLayout(1, s_layout))
     use = base + j
     slot = use % NUM_BUF
     prev = (use - 1) % NUM_BUF
     mbarrier.wait(k_ready.index(slot), phase=(use // NUM_BUF) & 1)
-    s = _scores(q_smem, k_smem, slot, BLOCK_M, BLOCK_N, s_layout)
+    s = _scores(q_smem, k_smem, slot, BLOCK_M, KEYS, s_layout)
     mbarrier.wait(v_ready.index(prev), phase=((use - 1) // NUM_BUF) & 1)
-    acc = warpgroup_mma(p16, v_smem.index(prev).reshape([BLOCK_N, v_smem.shape[3]]), acc, is_async=True)
+    acc = warpgroup_mma(p16, _rows(v_smem, prev, p16.shape[1]), acc, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
     mbarrier.arrive(k_free.index(slot))
     if MASK:
-        s = _mask(s, q_start, j, N, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+        s = _mask(s, q_start, j, N, CAUSAL, BLOCK_M, BLOCK_N, KEYS, s_layout)
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s * qk_scale - m_new[:, None])
@@ -132,7 +150,8 @@ def _step(j, base, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, m_i
     mbarrier.arrive(v_free.index(prev))
     p16 = gl.convert_layout(p.to(dtype), p_layout)
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-    return m_new, l_i, acc, p16
+    rows: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, num_warps))
+    return gl.convert_layout(m_new, rows), gl.convert_layout(l_i, rows), acc, p16
 
 
 @gluon.constexpr_function
@@ -142,15 +161,39 @@ def _mma_layout(cols, num_warps):
 
 
 @gluon.jit
+def _first(q_smem, k_smem, k_ready, k_free, base, q_start, N, qk_scale, MASK, CAUSAL: gl.constexpr,
+           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KEYS: gl.constexpr, HEAD_D: gl.constexpr,
+           NUM_BUF: gl.constexpr, p_layout: gl.constexpr, num_warps: gl.constexpr):
+    """Block 0's scores (its first KEYS keys) alone, with no P V to run under them yet;
+    MASK (known when compiling, or not): block 0 is the masked last one. Returns the
+    running max, sum, O (zeros) and P."""
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = _mma_layout(KEYS, num_warps)
+    first = base % NUM_BUF
+    mbarrier.wait(k_ready.index(first), phase=(base // NUM_BUF) & 1)
+    s = _scores(q_smem, k_smem, first, BLOCK_M, KEYS, s_layout)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    mbarrier.arrive(k_free.index(first))
+    if MASK:
+        s = _mask(s, q_start, 0, N, CAUSAL, BLOCK_M, BLOCK_N, KEYS, s_layout)
+    m_i = gl.max(s, axis=1) * qk_scale
+    p = gl.exp2(s * qk_scale - m_i[:, None])
+    l_i = gl.sum(p, axis=1)
+    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, _mma_layout(HEAD_D, num_warps))
+    rows: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, num_warps))
+    return gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), acc, gl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
 def _attend(q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, base, q_start, N, n_blocks, qk_scale,
-            CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-            NUM_BUF: gl.constexpr, num_warps: gl.constexpr):
+            CAUSAL: gl.constexpr, LAST_KEYS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr, num_warps: gl.constexpr):
     """One warpgroup's BLOCK_M query rows from q_start (in q_smem, loaded) against key
     blocks 0..n_blocks-1 (the ring's uses base...); the last one is masked when it holds
-    the diagonal (causal) or keys past N. Returns the running max, sum, O and the last
-    block's P, whose P V is left to `_last_pv`. Every product it issued is complete."""
-    dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
+    the diagonal (causal) or keys past N. Causal, the rows see only the first LAST_KEYS
+    keys of the diagonal block, and only those are computed. Returns the running max,
+    sum, O and the last block's P, whose P V is left to `_last_pv`. Every product it
+    issued is complete."""
     o_layout: gl.constexpr = _mma_layout(HEAD_D, num_warps)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -158,43 +201,43 @@ def _attend(q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, base, q_st
     # the unmasked blocks first, then the last one if it must be masked
     if CAUSAL:
         n_plain = n_blocks - 1
+        if n_plain == 0:  # block 0 is the diagonal
+            m_i, l_i, acc, p16 = _first(q_smem, k_smem, k_ready, k_free, base, q_start, N, qk_scale, True, CAUSAL,
+                                        BLOCK_M, BLOCK_N, LAST_KEYS, HEAD_D, NUM_BUF, p_layout, num_warps)
+        else:
+            m_i, l_i, acc, p = _first(q_smem, k_smem, k_ready, k_free, base, q_start, N, qk_scale, False, CAUSAL,
+                                      BLOCK_M, BLOCK_N, BLOCK_N, HEAD_D, NUM_BUF, p_layout, num_warps)
+            for j in range(1, n_plain):
+                m_i, l_i, acc, p = _step(j, base, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, m_i,
+                                         l_i, acc, p, q_start, N, qk_scale, False, CAUSAL, BLOCK_M, BLOCK_N,
+                                         BLOCK_N, NUM_BUF, p_layout, o_rows, num_warps)
+            # the diagonal block, always last: its P is narrower where the rows see fewer keys
+            m_i, l_i, acc, p16 = _step(n_plain, base, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free,
+                                       m_i, l_i, acc, p, q_start, N, qk_scale, True, CAUSAL, BLOCK_M, BLOCK_N,
+                                       LAST_KEYS, NUM_BUF, p_layout, o_rows, num_warps)
     else:
         n_plain = N // BLOCK_N
-
-    # block 0: its scores alone (no P V yet), masked when it is the last and must be
-    first = base % NUM_BUF
-    mbarrier.wait(k_ready.index(first), phase=(base // NUM_BUF) & 1)
-    s = _scores(q_smem, k_smem, first, BLOCK_M, BLOCK_N, s_layout)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-    mbarrier.arrive(k_free.index(first))
-    if n_plain == 0:
-        s = _mask(s, q_start, 0, N, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-    m_i = gl.max(s, axis=1) * qk_scale
-    p = gl.exp2(s * qk_scale - m_i[:, None])
-    l_i = gl.sum(p, axis=1)
-    p16 = gl.convert_layout(p.to(dtype), p_layout)
-    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
-
-    for j in range(1, n_plain):
-        m_i, l_i, acc, p16 = _step(j, base, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, m_i, l_i,
-                                   acc, p16, q_start, N, qk_scale, False, CAUSAL, BLOCK_M, BLOCK_N, NUM_BUF,
-                                   s_layout, p_layout, o_rows)
-    for j in range(gl.maximum(n_plain, 1), n_blocks):  # the masked last block (none if it was block 0)
-        m_i, l_i, acc, p16 = _step(j, base, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, m_i, l_i,
-                                   acc, p16, q_start, N, qk_scale, True, CAUSAL, BLOCK_M, BLOCK_N, NUM_BUF,
-                                   s_layout, p_layout, o_rows)
+        # block 0 masked only when it is the last and ragged
+        m_i, l_i, acc, p16 = _first(q_smem, k_smem, k_ready, k_free, base, q_start, N, qk_scale, n_plain == 0,
+                                    CAUSAL, BLOCK_M, BLOCK_N, BLOCK_N, HEAD_D, NUM_BUF, p_layout, num_warps)
+        for j in range(1, n_plain):
+            m_i, l_i, acc, p16 = _step(j, base, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, m_i, l_i,
+                                       acc, p16, q_start, N, qk_scale, False, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_N,
+                                       NUM_BUF, p_layout, o_rows, num_warps)
+        for j in range(gl.maximum(n_plain, 1), n_blocks):  # the ragged last block (none if it was block 0)
+            m_i, l_i, acc, p16 = _step(j, base, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, m_i, l_i,
+                                       acc, p16, q_start, N, qk_scale, True, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_N,
+                                       NUM_BUF, p_layout, o_rows, num_warps)
     return m_i, l_i, acc, p16
 
 
 @gluon.jit
 def _last_pv(p16, acc, v_smem, v_ready, base, n_blocks, NUM_BUF: gl.constexpr):
     """The last block's P V, awaited."""
-    HEAD_D: gl.constexpr = v_smem.shape[3]
-    BLOCK_N: gl.constexpr = v_smem.shape[2]
     last_use = base + n_blocks - 1
     last = last_use % NUM_BUF
     mbarrier.wait(v_ready.index(last), phase=(last_use // NUM_BUF) & 1)
-    acc = warpgroup_mma(p16, v_smem.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+    acc = warpgroup_mma(p16, _rows(v_smem, last, p16.shape[1]), acc, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
 
 
@@ -271,32 +314,36 @@ def _load_q(q_desc, q_smem, q_bars, bh, q_start, i, pred):
 
 @gluon.jit
 def _consumer(q_desc, o_desc, LSE, q_smem, q_bars, o_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free,
-              pid, nprog, BH, N, row0, qk_scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              pid, nprog, BH, N, qk_scale, ROW0: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr, num_warps: gl.constexpr):
-    """One warpgroup: rows row0..row0 + BLOCK_M of each of program pid's tiles.
+    """One warpgroup: rows ROW0..ROW0 + BLOCK_M of each of program pid's tiles.
     q_smem [2, 1, BLOCK_M, D] and q_bars [2, 1]: tile i's Q is in buffer i % 2, its
     barrier's use i // 2. o_smem [1, BLOCK_M, D]: O's staging."""
     dtype: gl.constexpr = q_desc.dtype
+    # Causal, the tile's diagonal block holds keys q_tile..q_tile + BLOCK_N and these rows
+    # see its first ROW0 + BLOCK_M: the first warpgroup computes half the block.
+    gl.static_assert(not CAUSAL or BLOCK_N == 2 * BLOCK_M)
+    LAST_KEYS: gl.constexpr = ROW0 + BLOCK_M if CAUSAL else BLOCK_N
     n_m = (N + 2 * BLOCK_M - 1) // (2 * BLOCK_M)
     n_tiles = _n_tiles(pid, nprog, BH, n_m, CAUSAL)
     bh, q_tile = _tile(0, pid, nprog, BH, n_m, CAUSAL, BLOCK_M)
-    _load_q(q_desc, q_smem, q_bars, bh, q_tile + row0, 0, n_tiles > 0)
+    _load_q(q_desc, q_smem, q_bars, bh, q_tile + ROW0, 0, n_tiles > 0)
     base = 0  # the ring's uses before this tile
     for i in range(n_tiles):
         # the coordinates are recomputed, not carried: fewer registers live across the tile
         bh, q_tile = _tile(i, pid, nprog, BH, n_m, CAUSAL, BLOCK_M)
         # the next Q's buffer held tile i - 1's Q, whose products are all complete
         next_bh, next_q = _tile(i + 1, pid, nprog, BH, n_m, CAUSAL, BLOCK_M)
-        _load_q(q_desc, q_smem, q_bars, next_bh, next_q + row0, i + 1, i + 1 < n_tiles)
-        q_start = q_tile + row0
+        _load_q(q_desc, q_smem, q_bars, next_bh, next_q + ROW0, i + 1, i + 1 < n_tiles)
+        q_start = q_tile + ROW0
         n_blocks = _kv_blocks(q_tile, N, CAUSAL, BLOCK_M, BLOCK_N)  # both warpgroups: the 128-row tile's
         # N itself, but not provably so (q_tile < N): the keys-past-N mask of block 0 would
         # otherwise be hoisted out of the tile loop, its predicates held across it (spills)
         n_keys = gl.maximum(N, q_tile)
         mbarrier.wait(q_bars.index(i % 2), phase=(i // 2) & 1)
         m_i, l_i, acc, p16 = _attend(q_smem.index(i % 2), k_smem, v_smem, k_ready, v_ready, k_free, v_free, base,
-                                     q_start, n_keys, n_blocks, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, NUM_BUF,
-                                     num_warps)
+                                     q_start, n_keys, n_blocks, qk_scale, CAUSAL, LAST_KEYS, BLOCK_M, BLOCK_N, HEAD_D,
+                                     NUM_BUF, num_warps)
         acc = _last_pv(p16, acc, v_smem, v_ready, base, n_blocks, NUM_BUF)
         mbarrier.arrive(v_free.index((base + n_blocks - 1) % NUM_BUF))  # the ring goes on: free the last V too
         acc = _normalize(acc, m_i, l_i, LSE, bh, q_start, N, BLOCK_M, BLOCK_N, HEAD_D, num_warps)
@@ -344,10 +391,10 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N, GROUP, BH, qk_scale,
 
     gl.warp_specialize([
         (_consumer, (q_desc, o_desc, LSE, q0_smem, q0_bars, o_smem.index(0), k_smem, v_smem, k_ready, v_ready,
-                     k_free, v_free, pid, nprog, BH, N, 0, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, NUM_BUF,
+                     k_free, v_free, pid, nprog, BH, N, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, NUM_BUF,
                      num_warps)),
         (_consumer, (q_desc, o_desc, LSE, q1_smem, q1_bars, o_smem.index(1), k_smem, v_smem, k_ready, v_ready,
-                     k_free, v_free, pid, nprog, BH, N, BLOCK_M, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D,
+                     k_free, v_free, pid, nprog, BH, N, qk_scale, BLOCK_M, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D,
                      NUM_BUF, num_warps)),
         (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_free, v_free, pid, nprog, BH, N, GROUP,
                      CAUSAL, BLOCK_M, BLOCK_N, NUM_BUF)),
