@@ -23,9 +23,11 @@ The schedule (FlashAttention-3's, on Hopper's asynchronous units):
   at short N (N = 1024: 2048 programs of 8 key blocks on 132 SMs; PERF.md 3o).
 - Causal: a tile's 128 rows meet one diagonal block of 128 keys, the only masked one;
   blocks above it are never loaded. The first warpgroup's rows see only the block's
-  first 64 keys, so it computes those alone (PERF.md 4f: 3-6% at N = 1024). Programs take tiles in pairs of one head, its
-  longest tile with its shortest: every pair costs the same, so programs get equal work,
-  and programs running together share a few heads' K/V in L2.
+  first 64 keys, so it computes those alone (PERF.md 4f: 3-6% at N = 1024).
+- Causal tiles go in pairs of one head, its longest tile with its shortest: every pair
+  costs the same, so programs get equal work, and programs running together share a
+  few heads' K/V in L2. (An order that balanced the programs' work better but spread
+  each round over all heads ran 0-11% slower: PERF.md 4f.)
 - Any N: descriptors cover [B * H, N, D] in [1, rows, D] blocks, so TMA fills rows past
   N with zeros (their keys are masked) and the O store drops them.
 - Grouped-query heads: query head bh reads K/V head bh // GROUP.
