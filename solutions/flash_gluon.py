@@ -1,8 +1,8 @@
 """The tuned forward's Hopper kernel, written in Gluon (Triton's explicit-layout language).
 
-`flash_tuned.flash_attention_forward` runs it where `flash_tuned.gluon_takes` says (an
-H100/H200, Triton 3.6, fp16/bf16, head dim 128, Nq == Nk, contiguous [B, H, N, D]), and
-its Triton kernel everywhere else. On the H100 at D = 128 it read 0.92-1.15x cuDNN
+`flash_tuned.flash_attention_forward` runs it where `flash_tuned.gluon_forward_takes`
+says (an H100/H200, Triton 3.6, fp16/bf16, head dim 128, or 64 causal or short; Nq == Nk,
+contiguous [B, H, N, D]), and its Triton kernel everywhere else. On the H100 at D = 128 it read 0.92-1.15x cuDNN
 (PERF.md 3n, 3o, 3p): Triton's compiler did not overlap the softmax with the matrix
 products; here the schedule is written out.
 
@@ -449,7 +449,7 @@ def n_units(BH, N, causal):
 def forward(q, k, v, o, lse, causal, scale, programs=None):
     """Write attention of q [B, H, N, D] over k, v [B, H_KV, N, D] into o (q's shape and
     dtype) and lse [B, H, N] (fp32, natural log). All contiguous, 16-byte aligned, fp16
-    or bf16, D 64 or 128: `flash_tuned.gluon_takes` checks that before calling. The grid
+    or bf16, D 64 or 128: `flash_tuned.gluon_forward_takes` checks that before calling. The grid
     is min(units of work, SMs) programs; `programs` caps it lower (tests: several tiles
     per program at small sizes)."""
     B, H, N, D = q.shape

@@ -25,11 +25,12 @@ What it adds to the teaching kernel, and why:
 - FP8 (`flash_attention_fp8`): float8_e4m3fn / float8_e5m2 q, k, v with per-tensor
   descales, P quantized to e4m3 for the second product, fp16/bf16 output or FP8 in
   V's scale (Hopper/Ada).
-- On Hopper with Triton 3.6, fp16/bf16 at D = 128 with contiguous inputs and N_Q = N_K
-  (`gluon_takes`), the forward runs `solutions/flash_gluon.py` instead: the same
-  algorithm in Gluon, with the softmax overlapped with the matrix products, which this
-  file's kernel cannot get from Triton's compiler, on a persistent grid (1.06-1.39x it,
-  PERF.md 3n, 3o, 3p).
+- On Hopper with Triton 3.6, fp16/bf16 at D = 128, and at D = 64 causal or up to 2048
+  queries, with contiguous inputs and N_Q = N_K (`gluon_forward_takes`), the forward
+  runs `solutions/flash_gluon.py` instead: the same algorithm in Gluon, with the softmax
+  overlapped with the matrix products, which this file's kernel cannot get from
+  Triton's compiler, on a persistent grid (D = 128: 1.06-1.39x it, PERF.md 3n, 3o, 3p;
+  D = 64: 1.00-1.10x, 4f).
 `flash_attention_forward` is what the backward's autograd Function calls.
 """
 import functools
@@ -90,11 +91,14 @@ SHORTLIST_TMA_FP8 = {64: [(64, 64, 4, 3, "tma"), (128, 128, 4, 3, "tma"), (64, 6
                            (128, 128, 4, 2, "ws"), (64, 128, 4, 3, "tma")]}  # the last: 3y, not causal
 # False: never the descriptor configs (for comparisons; FLASH_TUNED_WS=0 sets it).
 TRY_WS = os.environ.get("FLASH_TUNED_WS", "1") != "0"
-# The Gluon kernel (solutions/flash_gluon.py) where `gluon_takes` allows; False: never
-# (for comparisons; FLASH_TUNED_GLUON=0 sets it). At D = 64 it read 0.92-0.98x this
-# file's kernel on the H100, so it takes D = 128 only (PERF.md 3n).
+# The Gluon kernel (solutions/flash_gluon.py) where `gluon_forward_takes` allows; False:
+# never (for comparisons; FLASH_TUNED_GLUON=0 sets it).
 TRY_GLUON = os.environ.get("FLASH_TUNED_GLUON", "1") != "0"
-GLUON_HEAD_DIMS = (128,)
+GLUON_HEAD_DIMS = (64, 128)
+# At D = 64 without a causal mask, the Gluon kernel runs up to this many queries: on the
+# H200 it read 1.02-1.06x this file's kernel at N = 1024, 0.98-0.99x at N >= 4096; causal,
+# 1.00x at N = 1024 and 1.04-1.10x beyond (PERF.md 4f; on the H100, 3n: 0.92-0.98x).
+GLUON_D64_FULL_MAX_N = 2048
 # Gluon's API changes between Triton releases (3.9 renamed the TMA copies): the kernel
 # is written and measured against 3.6.
 GLUON_TRITON = "3.6."
@@ -419,7 +423,7 @@ def plan_signature(name, tensors, *values):
         hash(values)
     except TypeError:  # an odd argument (sm_scale a list): the call's checks say what is wrong
         return None
-    return (name, TRY_WS, TRY_GLUON, SPLIT_D, ROWS_D256, GLUON_HEAD_DIMS, *values,
+    return (name, TRY_WS, TRY_GLUON, SPLIT_D, ROWS_D256, GLUON_HEAD_DIMS, GLUON_D64_FULL_MAX_N, *values,
             *[(type(t), t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors])
 
 
@@ -951,6 +955,12 @@ def _launch_forward(q, k, v, o, lse, causal, scale, descales, fp8, v_t, key):
     )
 
 
+def gluon_forward_takes(q, k, v, causal):
+    """Whether the Gluon kernel runs this forward: `gluon_takes`, and at D = 64 without a
+    causal mask only up to GLUON_D64_FULL_MAX_N queries."""
+    return gluon_takes(q, k, v) and (causal or q.shape[3] != 64 or q.shape[2] <= GLUON_D64_FULL_MAX_N)
+
+
 def gluon_takes(q, k, v, head_dims=GLUON_HEAD_DIMS):
     """Whether the Gluon kernel runs this forward (with other head_dims: whether the
     backward's Gluon kernels may run, `flash_backward.gluon_backward_takes`): a Hopper GPU
@@ -998,7 +1008,7 @@ def flash_attention_forward(q, k, v, causal=False, sm_scale=None):
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
     with recording(signature, inputs) as recorded:
-        if gluon_takes(q, k, v):
+        if gluon_forward_takes(q, k, v, causal):
             from solutions import flash_gluon  # imported here: the interpreter has no Gluon
             LAST_CONFIG[0] = GLUON
             flash_gluon.forward(q, k, v, o, lse, causal, scale)

@@ -9,7 +9,7 @@ Sections (H = 16, B * N = 16384, N in 1024 / 4096 / 16384, causal or not):
 - check: small shapes (ragged lengths, GQA, a [B, N, H, D] layout, D = 64 ... 256, fp16,
          bf16 and both FP8 formats) against float64, before anything is timed.
 - fwd:   fp16 and bf16 forward, D = 64 / 128: ours (the Gluon kernel where
-         `flash_tuned.gluon_takes`, else the autotuned Triton kernel), ours with the Triton
+         `flash_tuned.gluon_forward_takes`, else the autotuned Triton kernel), ours with the Triton
          kernel only ("ours-triton"), SDPA's FlashAttention-2 and cuDNN backends, and
          Triton's fused-attention tutorial (06) without and with warp specialization.
 - fp8:   the FP8 forward (e4m3 and e5m2, per-tensor scales from `quantize_fp8`; e5m2

@@ -40,14 +40,24 @@ def test_gluon_takes_only_what_its_kernel_reads(monkeypatch):
     monkeypatch.setattr(flash_tuned, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(triton, "__version__", "3.6.0")
 
-    def takes(B=2, H=4, Hkv=2, Nq=300, Nk=300, D=128, dtype=torch.float16, layout="bhnd", offset=0):
+    def takes(B=2, H=4, Hkv=2, Nq=300, Nk=300, D=128, dtype=torch.float16, layout="bhnd", offset=0,
+              causal=None):
         q, k, v = (OnHopper(t.to(dtype), offset)
                    for t in make_qkv(B, H, Hkv, Nq, Nk, D, torch.float32, layout))
-        return flash_tuned.gluon_takes(q, k, v)
+        if causal is None:
+            return flash_tuned.gluon_takes(q, k, v)
+        return flash_tuned.gluon_forward_takes(q, k, v, causal)
 
     assert takes() and takes(dtype=torch.bfloat16) and takes(Hkv=4) and takes(Nq=1, Nk=1)
     assert not takes(dtype=torch.float32)             # no fp32 products in it
-    assert not takes(D=64) and not takes(D=96)        # 64: slower than the Triton kernel
+    assert takes(D=64) and not takes(D=96)
+    # the forward at D = 64 without a causal mask: short sequences only (longer, the
+    # Triton kernel read faster); D = 128 and causal D = 64 at any length
+    n_max = flash_tuned.GLUON_D64_FULL_MAX_N
+    assert takes(D=64, Nq=n_max, Nk=n_max, causal=False) and takes(D=64, Nq=n_max + 1, Nk=n_max + 1, causal=True)
+    assert not takes(D=64, Nq=n_max + 1, Nk=n_max + 1, causal=False)
+    assert takes(Nq=n_max + 1, Nk=n_max + 1, causal=False)
+    assert not takes(D=64, Nk=257, causal=True)       # gluon_takes still decides first
     assert not takes(Nk=257)                          # its causal mask is the square one
     assert not takes(layout="bnhd") and not takes(layout="dmajor")  # descriptors over [B*H, N, D]
     assert not takes(offset=2)                        # TMA wants 16-byte-aligned addresses
@@ -133,17 +143,25 @@ def test_tuned_forward_runs_gluon_only_where_it_takes_the_inputs():
         o, lse = flash_tuned.flash_attention_forward(q, k, v, causal=True)
         assert (flash_tuned.LAST_CONFIG[0] is flash_tuned.GLUON) == gluon, layout
         check(o, lse, q, k, v, True, label=layout)
+    n = flash_tuned.GLUON_D64_FULL_MAX_N + 52  # D = 64 past it: Gluon causal only
+    q, k, v = make_qkv(1, 2, 1, n, n, 64, torch.float16, seed=4)
+    for causal in (False, True):
+        flash_tuned.LAST_CONFIG[0] = None
+        o, lse = flash_tuned.flash_attention_forward(q, k, v, causal=causal)
+        assert (flash_tuned.LAST_CONFIG[0] is flash_tuned.GLUON) == causal
+        check(o, lse, q, k, v, causal, label=f"D=64 N={n} causal={causal}")
 
 
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_training_through_the_gluon_forward(dtype, causal):
+@pytest.mark.parametrize("D", [64, 128])
+def test_training_through_the_gluon_forward(D, dtype, causal):
     """The backward reads the forward's lse: gradients through flash_attention (the
     autograd Function) with the Gluon forward match float64 autograd."""
-    q, k, v = make_qkv(2, 4, 2, 333, 333, 128, dtype, seed=11)
+    q, k, v = make_qkv(2, 4, 2, 333, 333, D, dtype, seed=11)
     do = torch.randn_like(q)
-    assert flash_tuned.gluon_takes(q, k, v)
+    assert flash_tuned.gluon_forward_takes(q, k, v, causal)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     o, _ = flash_backward.flash_attention(q, k, v, causal=causal)
     o.backward(do)
