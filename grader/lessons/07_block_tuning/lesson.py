@@ -685,19 +685,24 @@ plt.show()
 # 8. **Past Triton's scheduler.** What was left of cuDNN's lead was overlap: compute the
 #    exponentials of key block `j` while the tensor cores run block `j - 1`'s `P V`
 #    (FlashAttention-3's schedule). Triton's compiler waits for each product right after
-#    issuing it, so at `D = 128` on Hopper the tuned forward runs a second kernel, written
+#    issuing it, so on Hopper the tuned forward runs a second kernel at `D = 128`, written
 #    in Gluon, Triton's lower-level language, where shared memory, barriers, TMA copies
 #    and which warps do what are written by hand. One warp streams `K` and `V` blocks into
 #    two shared-memory buffers; two warpgroups of 64 query rows each issue block `j`'s
 #    scores and block `j - 1`'s `P V` together, wait for the scores only, and run the
 #    softmax under `P V`. Step 2 still holds (only the 128 x 128 diagonal block is
-#    masked). One more change: a persistent grid. At `N = 1024` each 128-row tile is
+#    masked, and the first warpgroup, whose rows see only that block's first 64 keys,
+#    computes only those: 3-6% at `N = 1024`). One more change: a persistent grid. At `N = 1024` each 128-row tile is
 #    short, and its start (loading `Q`) and end (storing `O`) were exposed; now one program
 #    per SM walks many tiles, loading the next tile's `Q`, `K` and `V` while it finishes
 #    this one, and takes causal tiles in pairs (a head's longest with its shortest), so
-#    every program gets the same work (step 3's aim). It runs at 1.06-1.39x the Triton
-#    kernel, and 0.92-1.15x cuDNN (H100). Other head dims, strided inputs and other GPUs
-#    keep the Triton kernel.
+#    every program gets the same work (step 3's aim). An order that balanced the work
+#    even better, but spread each round of tiles over every head, ran up to 11% slower:
+#    tiles running together no longer shared their `K` and `V` in L2. It runs at
+#    1.06-1.39x the Triton kernel, and 0.92-1.15x cuDNN (H100). At `D = 64` (H200) it runs
+#    causal (1.00x the Triton kernel at `N = 1024`, 1.04-1.10x beyond) and without a mask
+#    up to 2048 queries (1.02-1.06x; longer, the Triton kernel read 1-2% faster). Other
+#    head dims, strided inputs and other GPUs keep the Triton kernel.
 # 9. **A register cap.** Occupancy counts registers too. At `D = 64` the 64 x 64 tiles
 #    with 4 warps took 114-120 registers a thread, so four programs filled an SM's 65,536,
 #    however much shared memory was left. `triton.Config(..., maxnreg=96)` tells the
