@@ -10,7 +10,7 @@ The schedule (FlashAttention-3's, on Hopper's asynchronous units):
 - A tile is 128 query rows of one head: two consumer warpgroups of 64 rows each,
   independent (each waits and signals on its own, so one runs its softmax while the
   other's products run), and one producer warp.
-- The producer streams K and V blocks of 128 keys by TMA into a ring of two slots, each
+- The producer streams K and V blocks of 128 keys by TMA into a ring of slots (NUM_BUF), each
   slot refilled when both consumers have freed it (mbarriers: ready and free per slot).
 - A consumer issues block j's scores Q K_j^T and block j-1's P_{j-1} V_{j-1} together
   (wgmma is asynchronous; groups complete in order), waits for the scores only, and runs
@@ -44,7 +44,9 @@ from solutions.flash_tuned import launch_compiled
 
 BLOCK_M = 64   # query rows per consumer warpgroup (a wgmma's M is 64 per warpgroup)
 BLOCK_N = 128  # keys per block: with 2 * BLOCK_M query rows, causal programs meet one diagonal block
-NUM_BUF = 2    # K/V slots: 3 read 2-5% slower on the H100 (PERF.md 3n)
+# K/V slots per head dim: at D = 128, 3 read 2-5% slower on the H100 (PERF.md 3n); at
+# D = 64 (H200) 3 read 1.5% faster at N = 1024 causal, level or 1% slower at 4096 (4f)
+NUM_BUF = {64: 3, 128: 2}
 CONSUMER_REGS = gl.constexpr(232)  # registers per thread of a consumer; the producer warp gets 24
 GL_DTYPES = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}
 
@@ -366,7 +368,8 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N, GROUP, BH, qk_scale,
                     num_warps: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr):
     """Program pid of nprog: tiles pid, pid + nprog, ... of [B * H, N, D] (`_tile`), two
     consumer warpgroups and a producer warp. Shared memory at D = 128: 224 KB (two Q
-    buffers and one O buffer per consumer, two K/V slots), under the H100's 227 KB."""
+    buffers and one O buffer per consumer, two K/V slots), under the H100's 227 KB; at
+    D = 64, 144 KB with three."""
     dtype: gl.constexpr = q_desc.dtype
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
@@ -457,4 +460,4 @@ def forward(q, k, v, o, lse, causal, scale, programs=None):
     grid = (min(n_units(BH, N, causal), programs or sm_count(q.device)), )
     launch_compiled(attn_fwd_kernel, q.device, grid, descriptor(q, BLOCK_M), descriptor(k, BLOCK_N),
                     descriptor(v, BLOCK_N), descriptor(o, BLOCK_M), lse, N, H // k.shape[1], BH, scale * LOG2E,
-                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=D, num_warps=4, NUM_BUF=NUM_BUF, CAUSAL=bool(causal))
+                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=D, num_warps=4, NUM_BUF=NUM_BUF[D], CAUSAL=bool(causal))

@@ -87,8 +87,8 @@ def check(o, lse, q, k, v, causal, scale=None, label=""):
     assert_close(lse, lse_ref, name=f"lse {label}", atol=1e-3, rtol=1e-3, quiet=True)
 
 
-# Lengths at the ring's edges: one key block, 2, 3 and 5 (odd and even rounds of the two
-# slots), ragged ones (the last block masked: keys past N), shorter than a block, and 1.
+# Lengths at the ring's edges: one key block, 2, 3 and 5 (odd and even rounds of its two
+# or three slots), ragged ones (the last block masked: keys past N), shorter than a block, and 1.
 LENGTHS = (1, 77, 128, 129, 200, 256, 383, 640, 1000)
 
 
