@@ -30,7 +30,7 @@ What it adds to the teaching kernel, and why:
   runs `solutions/flash_gluon.py` instead: the same algorithm in Gluon, with the softmax
   overlapped with the matrix products, which this file's kernel cannot get from
   Triton's compiler, on a persistent grid (D = 128: 1.06-1.39x it, PERF.md 3n, 3o, 3p;
-  D = 64: 0.99-1.10x, 4f).
+  D = 64: 1.01-1.10x, 4f).
 `flash_attention_forward` is what the backward's autograd Function calls.
 """
 import functools
@@ -97,8 +97,8 @@ TRY_GLUON = os.environ.get("FLASH_TUNED_GLUON", "1") != "0"
 GLUON_HEAD_DIMS = (64, 128)
 # At D = 64 without a causal mask, the Gluon kernel runs up to this many queries: on the
 # H200 it read 1.01-1.06x this file's kernel at N = 1024, 0.98-0.99x at N >= 4096; causal,
-# 0.99-1.01x at N = 1024 and 1.06-1.10x beyond (PERF.md 4f; on the H100, before the
-# halved diagonal, 3s: 0.96-0.98x, but 1.05-1.07x causal at N >= 4096).
+# 1.02x at N = 1024 (three K/V slots) and 1.06-1.10x beyond (PERF.md 4f; on the H100,
+# before the halved diagonal, 3s: 0.96-0.98x, but 1.05-1.07x causal at N >= 4096).
 GLUON_D64_FULL_MAX_N = 2048
 # Gluon's API changes between Triton releases (3.9 renamed the TMA copies): the kernel
 # is written and measured against 3.6.

@@ -688,7 +688,7 @@ plt.show()
 #    issuing it, so on Hopper the tuned forward runs a second kernel at `D = 128`, written
 #    in Gluon, Triton's lower-level language, where shared memory, barriers, TMA copies
 #    and which warps do what are written by hand. One warp streams `K` and `V` blocks into
-#    two shared-memory buffers; two warpgroups of 64 query rows each issue block `j`'s
+#    two shared-memory buffers (three at `D = 64`); two warpgroups of 64 query rows each issue block `j`'s
 #    scores and block `j - 1`'s `P V` together, wait for the scores only, and run the
 #    softmax under `P V`. Step 2 still holds (only the 128 x 128 diagonal block is
 #    masked, and the first warpgroup, whose rows see only that block's first 64 keys,
@@ -700,7 +700,7 @@ plt.show()
 #    even better, but spread each round of tiles over every head, ran up to 11% slower:
 #    tiles running together no longer shared their `K` and `V` in L2. It runs at
 #    1.06-1.39x the Triton kernel, and 0.92-1.15x cuDNN (H100). At `D = 64` (H200) it runs
-#    causal (level with the Triton kernel at `N = 1024`, 1.06-1.10x beyond) and without a
+#    causal (1.02x the Triton kernel at `N = 1024`, 1.06-1.10x beyond) and without a
 #    mask up to 2048 queries (1.01-1.06x; longer, the Triton kernel read 1-2% faster). Other
 #    head dims, strided inputs and other GPUs keep the Triton kernel.
 # 9. **A register cap.** Occupancy counts registers too. At `D = 64` the 64 x 64 tiles
