@@ -230,3 +230,15 @@ def test_gluon_file_imports_without_a_gpu():
     from triton.experimental.gluon._runtime import GluonJITFunction
     assert isinstance(flash_gluon.attn_fwd_kernel, GluonJITFunction)
     assert flash_gluon.BLOCK_N == 2 * flash_gluon.BLOCK_M  # causal: one diagonal block per program
+
+
+def test_gluon_ring_fits_in_shared_memory():
+    """Each head dim's K/V slots (`flash_gluon.NUM_BUF`) fit beside the Q buffers (two per
+    consumer) and the O buffers (one per consumer) in a Hopper SM's 227 KB: a launch past
+    it fails on the GPU only."""
+    from solutions import flash_gluon
+    assert set(flash_tuned.GLUON_HEAD_DIMS) <= set(flash_gluon.NUM_BUF)
+    for D, slots in flash_gluon.NUM_BUF.items():
+        q_and_o = (2 * 2 + 2) * flash_gluon.BLOCK_M * D
+        k_and_v = 2 * slots * flash_gluon.BLOCK_N * D
+        assert (q_and_o + k_and_v) * 2 <= 227 * 1024, D  # fp16 / bf16 bytes
