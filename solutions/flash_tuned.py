@@ -963,8 +963,9 @@ def gluon_forward_takes(q, k, v, causal):
 
 
 def gluon_takes(q, k, v, head_dims=GLUON_HEAD_DIMS):
-    """Whether the Gluon kernel runs this forward (with other head_dims: whether the
-    backward's Gluon kernels may run, `flash_backward.gluon_backward_takes`): a Hopper GPU
+    """Whether the Gluon forward can take these inputs (`gluon_forward_takes` adds where
+    it is the faster one; with other head_dims: whether the backward's Gluon kernels may
+    run, `flash_backward.gluon_backward_takes`): a Hopper GPU
     (compute capability 9.x) with Triton 3.6, fp16/bf16, a head dim in head_dims, as many
     keys as queries (its causal mask is the square one), and q, k, v contiguous
     [B, H, N, D] (its descriptors see [B * H, N, D]) on 16-byte boundaries. Everything
