@@ -27,7 +27,7 @@ The schedule (FlashAttention-3's, on Hopper's asynchronous units):
 - Causal tiles go in pairs of one head, its longest tile with its shortest: every pair
   costs the same, so programs get equal work, and programs running together share a
   few heads' K/V in L2. (An order that balanced the programs' work better but spread
-  each round over all heads ran 0-11% slower: PERF.md 4f.)
+  each round over all heads ran 0.3-16% slower: PERF.md 4f.)
 - Any N: descriptors cover [B * H, N, D] in [1, rows, D] blocks, so TMA fills rows past
   N with zeros (their keys are masked) and the O store drops them.
 - Grouped-query heads: query head bh reads K/V head bh // GROUP.

@@ -697,12 +697,13 @@ plt.show()
 #    per SM walks many tiles, loading the next tile's `Q`, `K` and `V` while it finishes
 #    this one, and takes causal tiles in pairs (a head's longest with its shortest), so
 #    every program gets the same work (step 3's aim). An order that balanced the work
-#    even better, but spread each round of tiles over every head, ran up to 11% slower:
-#    tiles running together no longer shared their `K` and `V` in L2. It runs at
-#    1.06-1.39x the Triton kernel, and 0.92-1.15x cuDNN (H100). At `D = 64` (H200) it runs
-#    causal (1.02x the Triton kernel at `N = 1024`, 1.06-1.10x beyond) and without a
-#    mask up to 2048 queries (1.01-1.06x; longer, the Triton kernel read 1-2% faster). Other
-#    head dims, strided inputs and other GPUs keep the Triton kernel.
+#    even better, but spread each round of tiles over every head, ran up to 16% slower:
+#    tiles running together no longer shared their `K` and `V` in L2. At `D = 128` the
+#    Gluon kernel runs at 1.06-1.39x the Triton kernel, and 0.92-1.15x cuDNN (H100). At
+#    `D = 64` (H200) it runs causal (1.02x the Triton kernel at `N = 1024`, 1.06-1.10x
+#    beyond) and without a mask up to 2048 queries (1.01-1.06x; longer, the Triton kernel
+#    read 1-2% faster). Other head dims, strided inputs and other GPUs keep the Triton
+#    kernel.
 # 9. **A register cap.** Occupancy counts registers too. At `D = 64` the 64 x 64 tiles
 #    with 4 warps took 114-120 registers a thread, so four programs filled an SM's 65,536,
 #    however much shared memory was left. `triton.Config(..., maxnreg=96)` tells the
