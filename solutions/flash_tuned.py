@@ -45,6 +45,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from solutions.block_tuning import prune_configs, smem_bytes
+from solutions.direct_launch import DirectLaunch, hooks_set
 from solutions.flash_forward import (LN2, LOG2E, check_attention_inputs, default_scale,
                                      dot_precision)
 
@@ -518,7 +519,8 @@ class LaunchPlan:
                 else:
                     desc_args.append((i, slot[id(base)], _rebased(arg, None)))
                 template[i] = None  # the plan keeps no tensor alive
-            plan.launches.append((compiled, grid, template, tensor_args, desc_args))
+            direct = DirectLaunch.of(compiled, grid, [*args, *tail], tensor_args, desc_args)
+            plan.launches.append((compiled, grid, template, tensor_args, desc_args, direct))
         return plan
 
     def run(self, inputs):
@@ -532,7 +534,11 @@ class LaunchPlan:
         cuda_context_on_this_thread(self.device)
         if self.scratch:
             _scratch_allocator()
-        for compiled, grid, template, tensor_args, desc_args in self.launches:
+        hooks = hooks_set()  # a profiler's launch hooks: Triton's own launch path calls them
+        for compiled, grid, template, tensor_args, desc_args, direct in self.launches:
+            if direct is not None and not hooks:
+                direct(tensors, _rebased, self.device.index)
+                continue
             args = template.copy()
             for i, s in tensor_args:
                 args[i] = tensors[s]

@@ -209,6 +209,65 @@ def test_launch_compiled_calls_the_jit_once_per_specialization_and_device(monkey
     assert len(flash_tuned._COMPILED) == 5
 
 
+def test_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
+    """`direct_launch.DirectLaunch` with stand-ins for Triton 3.6's launcher pieces (no GPU
+    here): the C function gets the grid, the stream, the kernel's handle and metadata,
+    then the kernel's arguments with each descriptor as its encoding, shape and strides;
+    a descriptor is encoded once per base address; launchers it cannot call directly
+    (scratch memory, several CTAs, descriptors it cannot find) give None."""
+    from types import SimpleNamespace
+    import triton.backends.nvidia.driver as nvidia
+    from triton import knobs
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    from solutions import direct_launch
+    encoded, launched = [], []
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", lambda desc, meta: (
+        encoded.append(desc.base.data_ptr()) or [("map", desc.base.data_ptr(), meta), *desc.shape, *desc.strides]))
+    monkeypatch.setattr(direct_launch, "driver", SimpleNamespace(active=SimpleNamespace(
+        get_current_stream=lambda index: 1000 + index)))
+
+    def closure(launcher, tensordesc_indices, tensordesc_meta):  # as Triton wraps its C function
+        def inner(*args):
+            return launcher(tensordesc_indices, tensordesc_meta, *args)
+        return inner
+
+    def compiled(launch, **run):
+        run = {"global_scratch_size": 0, "profile_scratch_size": 0, "num_ctas": 1, **run}
+        return SimpleNamespace(function=77, packed_metadata=(4, 1, 0), run=SimpleNamespace(
+            launch=launch, launch_cooperative_grid=False, launch_pdl=True, **run))
+
+    def c_launch(*args):
+        launched.append(args)
+
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    desc = TensorDescriptor(y, [8, 16], [16, 1], [4, 16])
+    template = flash_tuned._rebased(desc, None)
+    kernel = compiled(closure(c_launch, {1}, ["meta"]))
+    direct = direct_launch.DirectLaunch.of(kernel, (3, 2, 1), [x, desc, 5, 0.5, "A"], [(0, 0)], [(1, 1, template)])
+    assert direct.template == [None, None, 8, 16, 16, 1, 5, 0.5, "A"]  # keeps no tensor
+    x2, y2 = torch.randn(8, 16), torch.randn(8, 16)
+    for _ in range(2):
+        direct((x2, y2), flash_tuned._rebased, 1)
+    assert launched[0] == launched[1] == (3, 2, 1, 1001, 77, False, True, None, None, (4, 1, 0), None, None, None,
+                                          x2, ("map", y2.data_ptr(), "meta"), 8, 16, 16, 1, 5, 0.5, "A")
+    assert encoded == [y.data_ptr(), y2.data_ptr()]  # at the plan's making, then once for y2
+    # launchers it leaves to Triton
+    assert direct_launch.DirectLaunch.of(compiled(closure(c_launch, {1}, ["meta"]), global_scratch_size=64),
+                                         (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)]) is None
+    assert direct_launch.DirectLaunch.of(compiled(closure(c_launch, {1}, ["meta"]), num_ctas=2),
+                                         (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)]) is None
+    assert direct_launch.DirectLaunch.of(compiled(c_launch), (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)]) is None
+    plain = direct_launch.DirectLaunch.of(compiled(len), (1, 1, 1), [x, 5], [(0, 0)], [])  # len: a C function
+    assert plain is not None and plain.c_launch is len
+    hook = launched.append
+    assert not direct_launch.hooks_set()
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert direct_launch.hooks_set()  # then a plan launches through CompiledKernel[grid]
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+
+
 def test_a_launch_plan_repeats_a_calls_launches_with_the_next_calls_tensors(monkeypatch):
     """`flash_tuned.recording` and `LaunchPlan`, with a stand-in kernel (no GPU here): a
     call whose launch was a compile makes no plan; the next call of its signature, whose
@@ -366,6 +425,21 @@ def test_launch_plans_repeat_a_training_step_bit_for_bit(monkeypatch, D, Hkv, la
     _, again = step(1)
     assert len(checks) == 0  # the forward ran by its plan
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+    # the plans launched through the kernels' C launchers (`DirectLaunch`) where they
+    # could; with a launch hook installed (a profiler's) they take Triton's own path,
+    # which calls it, and give the same bits
+    direct = [d is not None for plan in flash_tuned._PLANS.values() for *_, d in plan.launches]
+    print("direct launches:", direct)
+    assert all(direct)
+    from triton import knobs
+    hooked = []
+    knobs.runtime.launch_enter_hook.add(hooked.append)
+    try:
+        _, through_triton = step(1)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hooked.append)
+    assert len(hooked) >= len(direct)
+    assert all(torch.equal(a, b) for a, b in zip(first, through_triton))
     from tests.test_backward_kernels import check_grads, reference  # (it imports this file)
     ref_o, *refs = reference(*inputs, True)
     assert_close(again[0], ref_o, quiet=True)
