@@ -663,9 +663,13 @@ plt.show()
 #    an earlier call's makes the same launches with other tensors. So the wrappers record
 #    a call's launches once and repeat them for the next call of its kind (a *launch
 #    plan*, as cuDNN and cuFFT keep plans), skipping the rest. The step's host time went
-#    from 0.58-0.75 ms to 0.42-0.53 ms, under its GPU time, and the `D = 64` causal step
-#    now runs level with cuDNN's in most repetitions. What is left on the host is mostly
-#    the autograd machinery's.
+#    from 0.58-0.75 ms to 0.42-0.53 ms, under its GPU time, but a slow moment of the host
+#    still put it behind cuDNN's in some repetitions. Last, a plan calls each kernel's
+#    compiled launcher (C code) itself: Triton's Python layers around it took 6-14 µs of
+#    a launch's 13-21, most of it encoding every TMA descriptor again at every launch,
+#    which a plan now does once per tensor address. That took the step to ~0.39 ms
+#    (H200), level with cuDNN's, and in 72 repetitions of 72 the eager step ran at
+#    0.86-1.19x cuDNN's. What is left on the host is mostly the autograd machinery's.
 # 6. **Head dims that are not powers of two.** `tl.arange` needs power-of-two lengths, so
 #    module 05's kernel computes `D = 160` as 256 columns (60% more products, and a 256-wide
 #    accumulator that forces small blocks). The tuned kernels cut such a head dim into two
