@@ -83,9 +83,10 @@ class DirectLaunch:
         for i, s, desc, meta, encoded in self.desc_args:
             t = tensors[s]
             address = t.data_ptr()
-            if address not in encoded:
+            args[i] = encoded.get(address)
+            if args[i] is None:  # (one lookup: another thread may clear the dict meanwhile)
+                args[i] = self.encode(rebased(desc, t), meta)[0]
                 if len(encoded) >= MAPS_MAX:
                     encoded.clear()
-                encoded[address] = self.encode(rebased(desc, t), meta)[0]
-            args[i] = encoded[address]
+                encoded[address] = args[i]
         self.c_launch(*self.grid, self.stream(device_index), *self.rest, *args)

@@ -251,6 +251,11 @@ def test_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
     assert launched[0] == launched[1] == (3, 2, 1, 1001, 77, False, True, None, None, (4, 1, 0), None, None, None,
                                           x2, ("map", y2.data_ptr(), "meta"), 8, 16, 16, 1, 5, 0.5, "A")
     assert encoded == [y.data_ptr(), y2.data_ptr()]  # at the plan's making, then once for y2
+    monkeypatch.setattr(direct_launch, "MAPS_MAX", 1)  # full: a new address clears the others
+    y3 = torch.randn(8, 16)
+    for t in (y3, y2):
+        direct((x2, t), flash_tuned._rebased, 1)
+    assert encoded[2:] == [y3.data_ptr(), y2.data_ptr()] and launched[-1][14][1] == y2.data_ptr()
     # launchers it leaves to Triton
     assert direct_launch.DirectLaunch.of(compiled(closure(c_launch, {1}, ["meta"]), global_scratch_size=64),
                                          (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)]) is None
