@@ -21,12 +21,24 @@ from triton.runtime import driver
 MAPS_MAX = 64  # encoded descriptors kept per descriptor argument: one per address seen
 
 
-def _launcher_parts(run):
+# The C function's arguments before the kernel's, as Triton 3.6 lays them out: grid (3),
+# stream, function, cooperative grid, PDL, two scratch buffers, kernel metadata, launch
+# metadata, two hooks. Another layout: no direct launches.
+C_HEAD = "iiiKKppOOOOOO"
+
+
+def _launcher_parts(compiled):
     """(C launch function, descriptor metadata, descriptor argument indices) of a
-    compiled kernel's launcher, or None where it is not Triton 3.6's CUDA launcher or
-    needs scratch memory (made per launch) or more than one CTA per program."""
+    compiled kernel's launcher, or None where it is not Triton 3.6's CUDA launcher, needs
+    scratch memory (made per launch) or runs more than one CTA per program."""
+    from triton.backends.nvidia import driver as nvidia
+    run = getattr(compiled, "run", None)
     launch = getattr(run, "launch", None)
-    if (launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+    if (launch is None or getattr(nvidia, "_BASE_ARGS_FORMAT", None) != C_HEAD
+            or not hasattr(nvidia, "make_tensordesc_arg")
+            or not all(hasattr(compiled, a) for a in ("function", "packed_metadata"))
+            or not all(hasattr(run, a) for a in ("launch_cooperative_grid", "launch_pdl"))
+            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
             or getattr(run, "num_ctas", 0) != 1):
         return None
     code = getattr(launch, "__code__", None)
@@ -51,7 +63,7 @@ class DirectLaunch:
 
     @classmethod
     def of(cls, compiled, grid, args, tensor_args, desc_args):
-        parts = _launcher_parts(getattr(compiled, "run", None))
+        parts = _launcher_parts(compiled)
         if parts is None or {i for i, *_ in desc_args} != parts[2]:
             return None
         from triton.backends.nvidia.driver import make_tensordesc_arg

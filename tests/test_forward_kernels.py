@@ -221,6 +221,8 @@ def test_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
     from triton.tools.tensor_descriptor import TensorDescriptor
     from solutions import direct_launch
     encoded, launched = [], []
+    # Triton 3.6's layout of the C function's leading arguments (the CPU's Triton may be newer)
+    monkeypatch.setattr(nvidia, "_BASE_ARGS_FORMAT", direct_launch.C_HEAD, raising=False)
     monkeypatch.setattr(nvidia, "make_tensordesc_arg", lambda desc, meta: (
         encoded.append(desc.base.data_ptr()) or [("map", desc.base.data_ptr(), meta), *desc.shape, *desc.strides]))
     monkeypatch.setattr(direct_launch, "driver", SimpleNamespace(active=SimpleNamespace(
@@ -264,6 +266,8 @@ def test_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
     assert direct_launch.DirectLaunch.of(compiled(c_launch), (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)]) is None
     plain = direct_launch.DirectLaunch.of(compiled(len), (1, 1, 1), [x, 5], [(0, 0)], [])  # len: a C function
     assert plain is not None and plain.c_launch is len
+    monkeypatch.setattr(nvidia, "_BASE_ARGS_FORMAT", direct_launch.C_HEAD + "O")  # another Triton's layout
+    assert direct_launch.DirectLaunch.of(compiled(len), (1, 1, 1), [x, 5], [(0, 0)], []) is None
     hook = launched.append
     assert not direct_launch.hooks_set()
     knobs.runtime.launch_enter_hook.add(hook)
