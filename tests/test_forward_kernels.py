@@ -214,7 +214,8 @@ def test_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
     here): the C function gets the grid, the stream, the kernel's handle and metadata,
     then the kernel's arguments with each descriptor as its encoding, shape and strides;
     a descriptor is encoded once per base address; launchers it cannot call directly
-    (scratch memory, several CTAs, descriptors it cannot find) give None."""
+    (scratch memory, several CTAs, descriptors it cannot find, another layout of the C
+    function's leading arguments) give None."""
     from types import SimpleNamespace
     import triton.backends.nvidia.driver as nvidia
     from triton import knobs
@@ -224,7 +225,8 @@ def test_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
     # Triton 3.6's layout of the C function's leading arguments (the CPU's Triton may be newer)
     monkeypatch.setattr(nvidia, "_BASE_ARGS_FORMAT", direct_launch.C_HEAD, raising=False)
     monkeypatch.setattr(nvidia, "make_tensordesc_arg", lambda desc, meta: (
-        encoded.append(desc.base.data_ptr()) or [("map", desc.base.data_ptr(), meta), *desc.shape, *desc.strides]))
+        encoded.append(desc.base.data_ptr()) or [("map", desc.base.data_ptr(), meta), *desc.shape, *desc.strides]),
+        raising=False)
     monkeypatch.setattr(direct_launch, "driver", SimpleNamespace(active=SimpleNamespace(
         get_current_stream=lambda index: 1000 + index)))
 
