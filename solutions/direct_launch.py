@@ -27,15 +27,19 @@ MAPS_MAX = 64  # encoded descriptors kept per descriptor argument: one per addre
 C_HEAD = "iiiKKppOOOOOO"
 
 
+def supported():
+    """Whether this Triton's CUDA launcher takes its arguments as Triton 3.6's does."""
+    from triton.backends.nvidia import driver as nvidia
+    return getattr(nvidia, "_BASE_ARGS_FORMAT", None) == C_HEAD and hasattr(nvidia, "make_tensordesc_arg")
+
+
 def _launcher_parts(compiled):
     """(C launch function, descriptor metadata, descriptor argument indices) of a
     compiled kernel's launcher, or None where it is not Triton 3.6's CUDA launcher, needs
     scratch memory (made per launch) or runs more than one CTA per program."""
-    from triton.backends.nvidia import driver as nvidia
     run = getattr(compiled, "run", None)
     launch = getattr(run, "launch", None)
-    if (launch is None or getattr(nvidia, "_BASE_ARGS_FORMAT", None) != C_HEAD
-            or not hasattr(nvidia, "make_tensordesc_arg")
+    if (launch is None or not supported()
             or not all(hasattr(compiled, a) for a in ("function", "packed_metadata"))
             or not all(hasattr(run, a) for a in ("launch_cooperative_grid", "launch_pdl"))
             or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)

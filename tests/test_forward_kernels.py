@@ -436,12 +436,12 @@ def test_launch_plans_repeat_a_training_step_bit_for_bit(monkeypatch, D, Hkv, la
     _, again = step(1)
     assert len(checks) == 0  # the forward ran by its plan
     assert all(torch.equal(a, b) for a, b in zip(first, again))
-    # the plans launched through the kernels' C launchers (`DirectLaunch`) where they
-    # could; with a launch hook installed (a profiler's) they take Triton's own path,
-    # which calls it, and give the same bits
+    # the plans launched through the kernels' C launchers (`DirectLaunch`) where this
+    # Triton's launcher is laid out as 3.6's; with a launch hook installed (a profiler's)
+    # they take Triton's own path, which calls it, and give the same bits
+    from solutions import direct_launch
     direct = [d is not None for plan in flash_tuned._PLANS.values() for *_, d in plan.launches]
-    print("direct launches:", direct)
-    assert all(direct)
+    assert all(direct) if direct_launch.supported() else not any(direct)
     from triton import knobs
     hooked = []
     knobs.runtime.launch_enter_hook.add(hooked.append)
