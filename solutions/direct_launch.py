@@ -53,6 +53,14 @@ def _launcher_parts(compiled):
     return parts if None not in parts and None not in parts[1] else None
 
 
+def rebased(desc, base):
+    """A copy of the tensor descriptor desc over another tensor of the same layout."""
+    copy = object.__new__(type(desc))
+    copy.__dict__.update(desc.__dict__)
+    copy.base = base
+    return copy
+
+
 def hooks_set():
     """Whether launch hooks are installed (a profiler's): direct launches would skip them."""
     return any(getattr(h, "calls", h) for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
@@ -63,10 +71,11 @@ class DirectLaunch:
     call's arguments, constexpr values included, as `CompiledKernel[grid]` takes them),
     where `tensor_args` [(index, slot)] and `desc_args` [(index, slot, descriptor
     template)] name the arguments a later call replaces with its tensors, and
-    descriptors over them, by slot. Keeps no tensor alive."""
+    descriptors over them, by slot; on device `device_index`'s current stream. Keeps no
+    tensor alive."""
 
     @classmethod
-    def of(cls, compiled, grid, args, tensor_args, desc_args):
+    def of(cls, compiled, grid, args, tensor_args, desc_args, device_index):
         parts = _launcher_parts(compiled)
         if parts is None or {i for i, *_ in desc_args} != parts[2]:
             return None
@@ -74,6 +83,7 @@ class DirectLaunch:
         self = cls()
         self.c_launch, metas, _ = parts
         self.encode, self.stream, self.grid = make_tensordesc_arg, driver.active.get_current_stream, grid
+        self.device_index = device_index
         run = compiled.run  # the C function's arguments before the kernel's, after the stream:
         self.rest = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,  # no scratch
                      compiled.packed_metadata, None, None, None)  # no launch metadata, no hooks
@@ -90,9 +100,9 @@ class DirectLaunch:
         self.desc_args = [(position[i], s, desc, meta_of[i], {}) for i, s, desc in desc_args]
         return self
 
-    def __call__(self, tensors, rebased, device_index):
-        """Launch with `tensors` in the slots on the current stream; rebased(desc, tensor)
-        makes a descriptor over a tensor, encoded where its address is new."""
+    def __call__(self, tensors):
+        """Launch with `tensors` in the slots; a descriptor over a tensor is encoded where
+        its address is new."""
         args = self.template.copy()
         for i, s in self.tensor_args:
             args[i] = tensors[s]
@@ -105,4 +115,4 @@ class DirectLaunch:
                 if len(encoded) >= MAPS_MAX:
                     encoded.clear()
                 encoded[address] = args[i]
-        self.c_launch(*self.grid, self.stream(device_index), *self.rest, *args)
+        self.c_launch(*self.grid, self.stream(self.device_index), *self.rest, *args)

@@ -45,7 +45,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from solutions.block_tuning import prune_configs, smem_bytes
-from solutions.direct_launch import DirectLaunch, hooks_set
+from solutions.direct_launch import DirectLaunch, hooks_set, rebased
 from solutions.flash_forward import (LN2, LOG2E, check_attention_inputs, default_scale,
                                      dot_precision)
 
@@ -473,14 +473,6 @@ def _not_to_repeat():
         recorded.append(None)
 
 
-def _rebased(desc, base):
-    """A copy of the tensor descriptor desc over another tensor of the same layout."""
-    copy = object.__new__(type(desc))
-    copy.__dict__.update(desc.__dict__)
-    copy.base = base
-    return copy
-
-
 class LaunchPlan:
     """The launches of one wrapper call, made again for a later call of the same
     `plan_signature` with other tensors: fresh buffers of the same shapes, each of the
@@ -517,9 +509,9 @@ class LaunchPlan:
                 if base is arg:
                     tensor_args.append((i, slot[id(arg)]))
                 else:
-                    desc_args.append((i, slot[id(base)], _rebased(arg, None)))
+                    desc_args.append((i, slot[id(base)], rebased(arg, None)))
                 template[i] = None  # the plan keeps no tensor alive
-            direct = DirectLaunch.of(compiled, grid, [*args, *tail], tensor_args, desc_args)
+            direct = DirectLaunch.of(compiled, grid, [*args, *tail], tensor_args, desc_args, plan.device.index)
             plan.launches.append((compiled, grid, template, tensor_args, desc_args, direct))
         return plan
 
@@ -537,13 +529,13 @@ class LaunchPlan:
         hooks = hooks_set()  # a profiler's launch hooks: Triton's own launch path calls them
         for compiled, grid, template, tensor_args, desc_args, direct in self.launches:
             if direct is not None and not hooks:
-                direct(tensors, _rebased, self.device.index)
+                direct(tensors)
                 continue
             args = template.copy()
             for i, s in tensor_args:
                 args[i] = tensors[s]
             for i, s, desc in desc_args:
-                args[i] = _rebased(desc, tensors[s])
+                args[i] = rebased(desc, tensors[s])
             compiled[grid](*args)
         LAST_CONFIG[0] = self.config
         return tuple(made[:self.n_returned])

@@ -245,31 +245,31 @@ def test_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
 
     x, y = torch.randn(8, 16), torch.randn(8, 16)
     desc = TensorDescriptor(y, [8, 16], [16, 1], [4, 16])
-    template = flash_tuned._rebased(desc, None)
+    template = direct_launch.rebased(desc, None)
     kernel = compiled(closure(c_launch, {1}, ["meta"]))
-    direct = direct_launch.DirectLaunch.of(kernel, (3, 2, 1), [x, desc, 5, 0.5, "A"], [(0, 0)], [(1, 1, template)])
+    direct = direct_launch.DirectLaunch.of(kernel, (3, 2, 1), [x, desc, 5, 0.5, "A"], [(0, 0)], [(1, 1, template)], 1)
     assert direct.template == [None, None, 8, 16, 16, 1, 5, 0.5, "A"]  # keeps no tensor
     x2, y2 = torch.randn(8, 16), torch.randn(8, 16)
     for _ in range(2):
-        direct((x2, y2), flash_tuned._rebased, 1)
+        direct((x2, y2))
     assert launched[0] == launched[1] == (3, 2, 1, 1001, 77, False, True, None, None, (4, 1, 0), None, None, None,
                                           x2, ("map", y2.data_ptr(), "meta"), 8, 16, 16, 1, 5, 0.5, "A")
     assert encoded == [y.data_ptr(), y2.data_ptr()]  # at the plan's making, then once for y2
     monkeypatch.setattr(direct_launch, "MAPS_MAX", 1)  # full: a new address clears the others
     y3 = torch.randn(8, 16)
     for t in (y3, y2):
-        direct((x2, t), flash_tuned._rebased, 1)
+        direct((x2, t))
     assert encoded[2:] == [y3.data_ptr(), y2.data_ptr()] and launched[-1][14][1] == y2.data_ptr()
     # launchers it leaves to Triton
     assert direct_launch.DirectLaunch.of(compiled(closure(c_launch, {1}, ["meta"]), global_scratch_size=64),
-                                         (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)]) is None
+                                         (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)], 1) is None
     assert direct_launch.DirectLaunch.of(compiled(closure(c_launch, {1}, ["meta"]), num_ctas=2),
-                                         (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)]) is None
-    assert direct_launch.DirectLaunch.of(compiled(c_launch), (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)]) is None
-    plain = direct_launch.DirectLaunch.of(compiled(len), (1, 1, 1), [x, 5], [(0, 0)], [])  # len: a C function
+                                         (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)], 1) is None
+    assert direct_launch.DirectLaunch.of(compiled(c_launch), (1, 1, 1), [x, desc], [(0, 0)], [(1, 1, template)], 1) is None
+    plain = direct_launch.DirectLaunch.of(compiled(len), (1, 1, 1), [x, 5], [(0, 0)], [], 1)  # len: a C function
     assert plain is not None and plain.c_launch is len
     monkeypatch.setattr(nvidia, "_BASE_ARGS_FORMAT", direct_launch.C_HEAD + "O")  # another Triton's layout
-    assert direct_launch.DirectLaunch.of(compiled(len), (1, 1, 1), [x, 5], [(0, 0)], []) is None
+    assert direct_launch.DirectLaunch.of(compiled(len), (1, 1, 1), [x, 5], [(0, 0)], [], 1) is None
     hook = launched.append
     assert not direct_launch.hooks_set()
     knobs.runtime.launch_enter_hook.add(hook)
