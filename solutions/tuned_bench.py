@@ -73,6 +73,7 @@ ROUNDS = 3
 REP_MS = 40
 GRAPH_N = 1024  # the length whose forward rows are timed from CUDA graphs too
 TUT = None  # the tutorial's module, when given
+FP8_KERNEL_TOL = 0.12  # an FP8 forward's error against fp32 on its own (dequantized) inputs
 
 
 def _load_tutorial(path):
@@ -443,9 +444,15 @@ def run_fp8(case):
             base = deq.get("e5m2" if name.startswith("tut") else name.split("-")[0])  # its inputs
             err_k = "" if base is None else f"{_rel(out, base):.2e}"
             # FP8 on randn inputs: scores and P off by a few % each, so O (a mean of many
-            # values, small) is off by ~5% (e4m3) to ~10% (e5m2); a wrong kernel is off by ~100%.
-            tol = 2e-2 if name == "fp16" else 0.3
-            status = "ok" if err < tol else f"WRONG {err:.2g}"
+            # values, small) is off by ~5% (e4m3) to ~10% (e5m2) against the unquantized
+            # inputs' reference, and by 2-7% against its own inputs' (P in e4m3 or, the
+            # tutorial's, e5m2; an e5m2 output). A kernel that lets some queries see later
+            # keys stays under 0.3 on long rows; against its own inputs it is off by 0.2.
+            if name == "fp16":
+                wrong = err >= 2e-2
+            else:
+                wrong = err >= 0.3 or _rel(out, base) >= FP8_KERNEL_TOL
+            status = f"WRONG {err:.2g}" if wrong else "ok"
             config = _config_that_ran(name)
             rows[name] = _row(case, "fwd", name, err=f"{err:.2e}", err_kernel=err_k, config=config,
                               status=status)
@@ -813,6 +820,21 @@ def print_tables(all_rows):
             print(line)
 
 
+def run_case(section, case, reps):
+    """One case of a section; its rows. The tutorial's autotuner chooses afresh for each
+    case: its key (N_CTX, HEAD_DIM, FP8_OUTPUT, warp_specialize, dtypes) leaves out the
+    causal flag, so a causal case would run the config it took for the non-causal case
+    before it, unpruned. Its prune keeps BLOCK_M < BLOCK_N out of causal runs: on such a
+    tile (64 x 128, FP8 at D = 128) its causal forward lets queries see later keys."""
+    tuner = getattr(TUT, "_attn_fwd", None)
+    if tuner is not None:
+        tuner.cache.clear()
+    if section == "small":
+        return run_small(case, reps)
+    return {"fwd": run_fwd, "fp8": run_fp8, "dims": run_dims, "train": run_train,
+            "check": run_check}[section](case)
+
+
 def main(argv=None):
     global TUT, ROUNDS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -862,11 +884,7 @@ def main(argv=None):
         for section in sections:
             t0 = time.time()
             for case in cases(section):
-                if section == "small":
-                    case_rows = run_small(case, args.reps)
-                else:
-                    case_rows = {"fwd": run_fwd, "fp8": run_fp8, "dims": run_dims,
-                                 "train": run_train, "check": run_check}[section](case)
+                case_rows = run_case(section, case, args.reps)
                 rows += case_rows
                 writer.writerows(case_rows)
                 f.flush()

@@ -251,3 +251,66 @@ def test_tuned_bench_gives_the_tutorial_our_fp8_tensors(monkeypatch):
         assert q is q8 and k is k8 and q8.dtype == torch.float8_e5m2
         assert torch.equal(v.float(), v8.float()) and v.stride(-2) == 1  # keys contiguous
         assert abs(scale - D ** -0.5 * dq.item() * dk.item()) < 1e-12 * scale
+
+
+def _leaky_causal(q, k, v, scale, block=64):
+    """Causal attention as the tutorial's forward computes it on a 64 x 128 tile: in every
+    odd 64-query block the diagonal block's keys are all seen once unmasked (later keys
+    too), and the ones up to the query once more."""
+    import torch
+    n = q.shape[-2]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    odd_diagonal = (i // block % 2 == 1) & (j // block == i // block)
+    count = (j <= i).double() + odd_diagonal.double()
+    s = (q @ k.transpose(-1, -2)).double() * scale
+    w = count * torch.exp(s - s.amax(-1, keepdim=True))
+    return (w / w.sum(-1, keepdim=True)) @ v.double()
+
+
+def test_tuned_bench_flags_an_fp8_forward_that_sees_later_keys(monkeypatch):
+    """The fp8 section checks each FP8 output against fp32 on its own dequantized inputs
+    too (FP8_KERNEL_TOL): a forward that lets some queries see later keys reads 0.24 from
+    the unquantized reference, under its 0.3, but 0.22 from its own inputs' (an honest
+    kernel: 0.02-0.07). The tutorial's causal FP8 forward did this on a 64 x 128 tile."""
+    import torch
+    from solutions import flash_tuned as ft
+    from solutions import tuned_bench as tb
+    monkeypatch.setattr(tb, "DEV", "cpu")
+    monkeypatch.setattr(tb, "H", 2)
+    monkeypatch.setattr(tb, "TOTAL", 256)
+    monkeypatch.setattr(tb, "_fill_times", lambda rows, steps, flops: None)
+    monkeypatch.setattr(tb, "_graph_rows", lambda *args: [])
+    monkeypatch.setattr(tb, "_config_that_ran", lambda name: "")
+    D = 64
+
+    def impls(case, q32, k32, v32):
+        (q8, dq), (k8, dk), (v8, dv) = (ft.quantize_fp8(t, torch.float8_e5m2) for t in (q32, k32, v32))
+        q, k, v = (t.float() * d for t, d in ((q8, dq), (k8, dk), (v8, dv)))
+        honest = tb._ref32(q, k, v, True)
+        leaky = _leaky_causal(q, k, v, D ** -0.5)
+        return ({"e5m2": lambda: honest, "tut-e5m2": lambda: (leaky / dv).float()},
+                {"e5m2": (q8, k8, v8, dq, dk, dv)})
+    monkeypatch.setattr(tb, "_fp8_impls", impls)
+    rows = {r["impl"]: r for r in tb.run_fp8(dict(section="fp8", dtype=torch.float16, D=D, N=256, causal=True))}
+    assert rows["e5m2"]["status"] == "ok"
+    assert 0.2 < float(rows["tut-e5m2"]["err"]) < 0.3 and 0.2 < float(rows["tut-e5m2"]["err_kernel"])
+    assert rows["tut-e5m2"]["status"].startswith("WRONG")
+
+
+def test_tuned_bench_lets_the_tutorial_choose_for_each_case(monkeypatch):
+    """The tutorial's autotuner keys leave out the causal flag: every case starts with
+    its cache empty, so a causal case is tuned (and pruned) as causal."""
+    import types
+    from solutions import tuned_bench as tb
+    seen = []
+
+    def run_fwd(case):
+        seen.append(dict(tuner.cache))
+        tuner.cache[(case["N"], 64)] = "config for causal=%s" % case["causal"]
+        return []
+    tuner = types.SimpleNamespace(cache={})
+    monkeypatch.setattr(tb, "TUT", types.SimpleNamespace(_attn_fwd=tuner))
+    monkeypatch.setattr(tb, "run_fwd", run_fwd)
+    for causal in (False, True):
+        tb.run_case("fwd", dict(N=1024, causal=causal), reps=1)
+    assert seen == [{}, {}]
