@@ -33,7 +33,9 @@ The tutorial is not part of this repository: pass the path of a copy of it (a mo
 with `forward(q, k, v, causal, sm_scale, warp_specialize)` returning its forward's output,
 `train(...)` the same through its autograd Function, and its kernel `_attn_fwd`);
 without --tutorial its columns read n/a. Every output of ours (and the tutorial's) is
-checked against SDPA (fp16) or an fp32 reference (FP8) before it is timed. Times are
+checked against SDPA (fp16) or fp32 references (FP8: on the unquantized inputs, and on its
+own dequantized ones) before it is timed; the tutorial's autotuner chooses afresh for
+each case (its key leaves out the causal flag). Times are
 do_bench medians (the median of --rounds rounds, default 3, that take turns between
 implementations; the CSV keeps each round's time, and the config that ours and the
 tutorial's autotuners took). Where ours is compared with the tutorial (fwd, fp8), the
