@@ -58,6 +58,14 @@ def _code(source):
     return nbformat.v4.new_code_cell(source)
 
 
+def _copied(cell):
+    """A cell as JupyterLab pastes a copy: the same source and nbgrader metadata, its own id
+    (nbformat renames a repeated id when writing, with a warning)."""
+    copy = nbformat.from_dict(json.loads(json.dumps(cell)))
+    copy.id = f"{cell.id}-copy"
+    return copy
+
+
 def _index(nb, grade_id):
     return next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
@@ -90,7 +98,7 @@ def mangled():
     out = {}
     nb = ref(LESSON)
     i = _index(nb, "test_softmax_stable")
-    nb.cells.insert(i + 1, nbformat.from_dict(json.loads(json.dumps(nb.cells[i]))))
+    nb.cells.insert(i + 1, _copied(nb.cells[i]))
     out["mangled_duplicated_test_cell"] = nb
     out["mangled_stripped_metadata"] = _without_metadata(ref(LESSON))
     nb = _without_metadata(ref(LESSON))
@@ -102,7 +110,7 @@ def mangled():
     nb.cells.insert(_index(nb, "test_softmax_naive") + 1, cell)
     out["mangled_solution_moved_below_its_test"] = nb
     nb = ref(LESSON)
-    first = nbformat.from_dict(json.loads(json.dumps(nb.cells[_index(nb, "softmax_stable")])))
+    first = _copied(nb.cells[_index(nb, "softmax_stable")])
     first.source = first.source.replace("z = x - x.max(dim=dim, keepdim=True).values", "z = x")
     nb.cells.insert(_index(nb, "softmax_stable"), first)
     out["mangled_exercise_cell_copied_then_fixed"] = nb
